@@ -1,0 +1,157 @@
+"""Edge between thunder and our IR: claim, partition, build, emit.
+
+``fuser_ex`` claims the prims in ``ir/ops.py`` (and composite ops that flatten entirely
+into them, which thunder's ``can_fuse`` allows), partitions the trace with thunder's own
+dataflow partitioner, and turns each region into one fusion bound symbol whose callable
+is a :class:`RegionRunner`. Everything between (functionalize, layout, segment) works on
+the region IR.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from thunder.core import dtypes, prims, utils
+from thunder.core.proxies import Proxy, TensorProxy, unvariableify
+from thunder.core.symbol import BoundSymbol, Symbol
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
+from thunder.core.transform_common import dce
+from thunder.executors.passes import update_fusion_call_ctx
+from thunder.executors.utils import Region as ThunderRegion
+from thunder.extend import FusionExecutor, register_executor
+
+from thunder_fuser import debug
+from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
+from thunder_fuser.functionalize import functionalize
+from thunder_fuser.ir.from_thunder import build_region, flatten_to_supported
+from thunder_fuser.ir.ops import SUPPORTED
+from thunder_fuser.printing import segment_lines
+from thunder_fuser.runtime.region_runner import RegionRunner
+from thunder_fuser.segment import segment_region
+
+_UNSUPPORTED_DTYPES = (dtypes.complex32, dtypes.complex64, dtypes.complex128) + tuple(
+    d for d in dtypes.all_dtypes if "float8" in str(d)
+)
+
+
+def _supported_value(x) -> bool:
+    if isinstance(x, TensorProxy):
+        return x.device.type in ("cpu", "cuda") and x.dtype not in _UNSUPPORTED_DTYPES
+    return True
+
+
+def _checker(*args, **kwargs) -> bool:
+    from thunder.core.pytree import tree_flatten
+
+    flat, _ = tree_flatten((args, kwargs))
+    return all(_supported_value(x) for x in flat)
+
+
+class FusionBoundSymbol(BoundSymbol):
+    """A fusion call that prints its segments under it instead of a flat op list."""
+
+    def python(self, indent: int, commented: bool = False, print_depth: int = 1) -> list[str]:
+        lines = self._get_lines(indent, commented=commented)
+        if print_depth == 0:
+            return lines
+        runner = self._call_ctx.get(self.sym.name) if self._call_ctx else None
+        if not isinstance(runner, RegionRunner):
+            return BoundSymbol.python(self, indent, commented, print_depth)
+        pad = "  " * (indent + 1)
+        lines.extend(f"{pad}# {line}" for line in segment_lines(runner.segments))
+        return lines
+
+
+class FuserExecutor(FusionExecutor):
+    def __init__(self):
+        super().__init__("fuser", version=torch.__version__)
+        self._fuel = float("inf")
+        for name in SUPPORTED:
+            sym = copy_to_out_ if name == "copy_to_out_" else getattr(prims, name)
+            self.register_supported(sym.id, _checker)
+
+    def get_fuel(self, amount: int = 1, /) -> bool:
+        if self._fuel < amount:
+            return False
+        self._fuel -= amount
+        return True
+
+    def set_fuel(self, value):
+        self._fuel = float("inf") if value is None or not isinstance(value, int) else value
+
+    def fuse(self, region, fusion_counter: int) -> BoundSymbol:
+        inputs: list[Proxy] = [unvariableify(x) for x in region.inputs]
+        outputs: list[Proxy] = [unvariableify(x) for x in region.outputs]
+        flat: list[BoundSymbol] = []
+        for bsym in region.bound_symbols:
+            flat.extend(flatten_to_supported(bsym))
+        writes = [b for b in flat if b.sym.id in (prims.PrimIDs.COPY_, COPY_TO_OUT_ID)]
+        if not outputs and writes:
+            # thunder drops fusions without outputs; a region whose only effect is a write
+            # returns the written tensor so the update is never lost
+            outputs = [writes[-1].output]
+        name = f"fuser{fusion_counter}"
+        ir = build_region(name, flat, inputs, outputs)
+        debug.dump("region", lambda: str(ir.nodes))
+        functionalize(ir)
+        segments = segment_region(ir)
+        debug.dump("segments", lambda: "\n".join([name] + segment_lines(segments)))
+        runner = RegionRunner(ir, segments)
+        subsymbols = _with_copy_to_out(flat, ir)
+        sym = Symbol(name, meta=None, is_fusion=True, executor=self, _bind_postprocess=_keep_segment_printing)
+        return FusionBoundSymbol(sym, tuple(inputs), {}, tuple(outputs), tuple(subsymbols), _call_ctx={name: runner})
+
+    def fusion_pass(self, trace: TraceCtx) -> TraceCtx:
+        start = time.perf_counter_ns()
+        from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
+
+        producers, consumers = utils.producers_and_consumers(trace)
+
+        def _should_fuse(a: Node, b: Node) -> bool:
+            def ok(n: Node) -> bool:
+                return len(n.group_bsyms) > 1 or self.can_fuse(n.group_bsyms[0])
+
+            return ok(a) and ok(b)
+
+        fused: list[BoundSymbol] = []
+        counter = 0
+        for bsyms in fuse_bound_symbols(trace, _should_fuse):
+            if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
+                fused.append(bsyms[0])
+                continue
+            if not self.get_fuel():
+                fused.extend(bsyms)
+                continue
+            fused.append(self.fuse(ThunderRegion(producers, consumers, bsyms), counter))
+            counter += 1
+        out = from_trace(trace)
+        out.bound_symbols = fused
+        out = dce(out)
+        out = update_fusion_call_ctx(out)
+        ms = (time.perf_counter_ns() - start) // 1_000_000
+        out.set_provenance(TraceProvenance(f"thunder_fuser fusion (took {ms} milliseconds)"))
+        return out
+
+
+def _keep_segment_printing(bsym: BoundSymbol) -> None:
+    # thunder's passes rebuild bound symbols as plain BoundSymbols (``from_bsym``) and then
+    # call the symbol's bind hook: restore the class that prints segments.
+    bsym.__class__ = FusionBoundSymbol
+
+
+def _with_copy_to_out(flat: list[BoundSymbol], ir) -> list[BoundSymbol]:
+    """The fusion's subsymbols, with each ``copy_`` that functionalize rewrote shown as
+    ``copy_to_out_`` (re-fusing them reproduces the same region)."""
+    rewritten = {n.output.name for n in ir.nodes if n.op == "copy_to_out_"}
+    out = []
+    for b in flat:
+        if b.sym.id == prims.PrimIDs.COPY_ and b.output.name in rewritten:
+            computed, dst = b.args[0], b.args[1]
+            b = copy_to_out_.bind(computed, out=dst, output=b.output)
+        out.append(b)
+    return out
+
+
+fuser_ex = FuserExecutor()
+register_executor(fuser_ex)

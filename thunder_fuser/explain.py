@@ -1,0 +1,48 @@
+"""``explain(jfn)``: per region and per segment, what runs where and why neighbours split."""
+
+from __future__ import annotations
+
+from thunder_fuser.printing import segment_lines
+
+
+def _fusions(trace):
+    from thunder_fuser.runtime.region_runner import RegionRunner
+
+    for bsym in trace.bound_symbols:
+        ctx = bsym._call_ctx or {}
+        runner = ctx.get(bsym.sym.name)
+        if isinstance(runner, RegionRunner):
+            yield runner
+
+
+def explain(jfn) -> str:
+    """A report on every fuser region of ``jfn``'s last execution traces (forward, and
+    backward when there is one)."""
+    import thunder
+
+    traces = [thunder.last_traces(jfn)[-1]]
+    try:
+        bw = thunder.last_backward_traces(jfn)
+        if bw:
+            traces.append(bw[-1])
+    except Exception:
+        pass
+    lines = []
+    for trace in traces:
+        for runner in _fusions(trace):
+            region = runner.region
+            lines.append(
+                f"region {region.name}: {len(region.nodes)} ops in {len(runner.segments)} segment(s), "
+                f"inputs ({', '.join(v.name for v in region.inputs)}) -> outputs ({', '.join(v.name for v in region.outputs)})"
+            )
+            for note in region.notes:
+                lines.append(f"  in-place: {note}")
+            for seg in runner.segments:
+                if seg.split_reason:
+                    lines.append(f"  segment {seg.index} split from segment {seg.index - 1}: {seg.split_reason}")
+            for key, plan in runner.plans.items():
+                changed = {i: k for i, k in plan.kinds.items() if k != runner.segments[i].kind}
+                if changed:
+                    lines.append(f"  for input strides {key}: " + ", ".join(f"segment {i} runs as {k}" for i, k in changed.items()))
+            lines.extend("  " + l for l in segment_lines(runner.segments))
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""Turn thunder's in-place updates inside a region into ``copy_to_out_`` where that is safe.
+
+thunder 0.2.6 records ``x.add_(y)`` as ``t = add(x, y); r = copy_(t, x)`` wrapped in
+``update_aliases`` calls that order later reads. Inside one region we:
+
+1. drop ``update_aliases`` of a single tensor: with one alias it is the identity on values;
+   groups of several aliases (views of one base) stay, as memory barriers;
+2. rewrite ``copy_(computed, dst)`` into ``copy_to_out_(computed, out=dst)`` when the
+   contract of the thunder PR holds: ``computed`` is produced in this region by a compute
+   op, read by nothing else, and not a region output. The PR's other cases take the safe
+   path instead of raising: a ``computed`` defined outside the region or used elsewhere
+   keeps a real ``copy_`` (an extra read, never a wrong value);
+3. check thunder's rule (``dst`` read after the copy) and the others through
+   :func:`storage_roots`, which the segmenter uses to order every read of a written
+   tensor around its write (see ``segment/hazards.py``).
+"""
+
+from __future__ import annotations
+
+from thunder_fuser.ir.ops import kind_of
+from thunder_fuser.ir.region import Node, Region, Value, map_values
+
+
+class AliasError(RuntimeError):
+    """A program whose in-place updates have no defined meaning."""
+
+
+# ops whose output may share memory with their first operand in torch
+_MAY_ALIAS = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy", "slice_prim")
+
+
+def storage_roots(region: Region) -> dict[int, Value]:
+    """The value whose memory each value may share: a region input for views, copy results
+    and alias updates of inputs; the value itself for freshly computed tensors."""
+    root: dict[int, Value] = {id(v): v for v in region.inputs}
+    for node in region.nodes:
+        if node.op in ("copy_", "copy_to_out_"):
+            dst = node.args[1] if node.op == "copy_" else node.kwargs["out"]
+            root[id(node.output)] = root.get(id(dst), dst)
+        elif node.op == "update_aliases":
+            for a, o in zip(node.args[0], node.outputs):
+                root[id(o)] = root.get(id(a), a)
+        elif node.op in _MAY_ALIAS:
+            a = node.args[0]
+            root[id(node.output)] = root.get(id(a), a)
+        else:
+            for o in node.outputs:
+                root[id(o)] = o
+    return root
+
+
+def functionalize(region: Region) -> Region:
+    """Rewrite ``region`` in place (returns it): see the module docstring."""
+    subst: dict[int, Value] = {}
+    swap = lambda v: subst.get(id(v), v)  # noqa: E731
+    nodes: list[Node] = []
+    for node in region.nodes:
+        node.args = map_values(node.args, swap)
+        node.kwargs = {k: map_values(v, swap) for k, v in node.kwargs.items()}
+        if node.op == "update_aliases" and len(node.args[0]) == 1:
+            subst[id(node.outputs[0])] = node.args[0][0]
+            continue
+        nodes.append(node)
+    region.nodes = nodes
+    region.outputs = [swap(v) for v in region.outputs]
+
+    producers = region.producers()
+    consumers = region.consumers()
+    out_ids = {id(v) for v in region.outputs}
+    for i, node in enumerate(region.nodes):
+        if node.op != "copy_":
+            continue
+        computed, dst = node.args[0], node.args[1]
+        if not (isinstance(computed, Value) and computed.is_tensor):
+            continue
+        prod = producers.get(id(computed))
+        sole_use = len(consumers.get(id(computed), [])) == 1
+        fresh = prod is not None and kind_of(prod.op) in ("pointwise", "reduction", "resize")
+        fresh = fresh and computed.shape == dst.shape
+        if fresh and sole_use and id(computed) not in out_ids:
+            region.nodes[i] = Node(
+                "copy_to_out_",
+                (computed,),
+                {"out": dst},
+                node.outputs,
+                f"{node.output.name} = copy_to_out_({computed.name}, out={dst.name})",
+            )
+            region.notes.append(f"{node.output.name}: copy_ of {computed.name} into {dst.name} -> copy_to_out_")
+        else:
+            why = (
+                "is defined outside the region" if prod is None
+                else "is read by another op or returned" if not sole_use or id(computed) in out_ids
+                else "is a view, not a fresh buffer"
+            )
+            region.notes.append(f"{node.output.name}: copy_ of {computed.name} into {dst.name} kept: {computed.name} {why}")
+    return region

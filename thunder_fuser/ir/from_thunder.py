@@ -1,0 +1,93 @@
+"""Edge: build a :class:`Region` from thunder bound symbols (the only IR file that sees thunder).
+
+Proxies become :class:`Value` s keyed by name, thunder dtypes and devices become torch ones,
+and each node keeps the line thunder prints for its bound symbol, so printouts of the IR
+read exactly like thunder's own traces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from thunder.core import devices, dtypes
+from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
+from thunder.core.symbol import BoundSymbol
+
+from thunder_fuser.ir.ops import SUPPORTED
+from thunder_fuser.ir.region import Node, Region, Value
+
+
+def op_name(bsym: BoundSymbol) -> str:
+    return bsym.sym.name
+
+
+def flatten_to_supported(bsym: BoundSymbol) -> list[BoundSymbol]:
+    """Replace a composite bound symbol by the supported prims it decomposes into."""
+    if op_name(bsym) in SUPPORTED and (bsym.sym.is_prim or not bsym.subsymbols):
+        return [bsym]
+    if not bsym.subsymbols:
+        raise NotImplementedError(f"thunder_fuser cannot flatten {bsym.sym.name}: it has no decomposition")
+    out: list[BoundSymbol] = []
+    for sub in bsym.subsymbols:
+        out.extend(flatten_to_supported(sub))
+    return out
+
+
+def _torch_dtype(d):
+    if isinstance(d, dtypes.dtype):
+        return dtypes.to_torch_dtype(d)
+    return d
+
+
+def bsym_text(bsym: BoundSymbol) -> str:
+    return bsym.python(indent=0, print_depth=1)[0].strip()
+
+
+class _Builder:
+    def __init__(self):
+        self.values: dict[str, Value] = {}
+
+    def value(self, p: Proxy) -> Value:
+        v = self.values.get(p.name)
+        if v is None:
+            if isinstance(p, TensorProxy):
+                v = Value(p.name, tuple(int(s) for s in p.shape), dtypes.to_torch_dtype(p.dtype))
+            else:
+                v = Value(p.name, (), p.python_type, is_tensor=False)
+            self.values[p.name] = v
+        return v
+
+    def convert(self, x):
+        if isinstance(x, (TensorProxy, NumberProxy)):
+            return self.value(x)
+        if isinstance(x, dtypes.dtype):
+            return _torch_dtype(x)
+        if isinstance(x, devices.Device):
+            return devices.to_torch_device(x)
+        if isinstance(x, tuple):
+            return tuple(self.convert(e) for e in x)
+        if isinstance(x, list):
+            return [self.convert(e) for e in x]
+        return x
+
+
+def build_region(
+    name: str, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]
+) -> Region:
+    """Region IR for already-flattened ``bsyms`` reading ``inputs`` and returning ``outputs``."""
+    b = _Builder()
+    in_values = [b.value(p) for p in inputs]
+    nodes = []
+    for bsym in bsyms:
+        args = b.convert(tuple(bsym.args))
+        kwargs = {k: b.convert(v) for k, v in bsym.kwargs.items()}
+        outs = tuple(b.value(o) for o in bsym.flat_proxy_outs)
+        nodes.append(Node(op_name(bsym), args, kwargs, outs, bsym_text(bsym)))
+    out_values = [b.value(p) for p in outputs]
+    device = "cpu"
+    for p in list(inputs) + list(outputs):
+        if isinstance(p, TensorProxy):
+            device = p.device.type
+            break
+    return Region(name, in_values, nodes, out_values, device=device)

@@ -1,0 +1,187 @@
+"""Allocation-order inference: every value's memory order, from the inputs it depends on.
+
+The rule (NVIDIA/Fuser#1756): the reference is the input with the most non-broadcast dims;
+if inputs of that rank disagree, keep logical order. The output's dims that trace back to
+reference dims are ordered as the reference orders them; dims that trace to nothing
+(new broadcast dims) go outermost in logical order. Tracing goes through pointwise ops,
+broadcast, permute, squeeze, reductions (kept dims keep their order) and reshapes that
+split or merge dims cleanly.
+
+Orders list dims from outermost to innermost, like ``x.permute(order).is_contiguous()``.
+"""
+
+from __future__ import annotations
+
+from thunder_fuser.ir.ops import kind_of
+from thunder_fuser.ir.region import Node, Region, Value
+from thunder_fuser.layout.reshape_groups import reshape_groups
+
+# An atom says: this dim is (part ``part`` of ``nparts`` of) dim ``dim`` of region input ``inp``.
+Atom = tuple[str, int, int, int]
+Prov = tuple[frozenset, ...]  # per value dim: the atoms it traces back to
+
+
+def stride_order(shape, strides) -> tuple[int, ...]:
+    """Outermost-to-innermost dims of a strided tensor; ties (size-1 or stride-0 dims) keep
+    logical order, so a contiguous tensor gives ``(0, 1, ..., n-1)``."""
+    n = len(shape)
+    return tuple(sorted(range(n), key=lambda d: (-strides[d] if shape[d] != 1 else 0, d if shape[d] != 1 else -1)))
+
+
+def strides_for_order(shape, order) -> tuple[int, ...]:
+    strides = [0] * len(shape)
+    acc = 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= max(shape[d], 1)
+    return tuple(strides)
+
+
+def _node_dim_map(node: Node, operand: Value) -> list[list[tuple[int, int, int]]]:
+    """For each output dim of ``node``: the operand dims it reads, as (dim, part, nparts)."""
+    out = node.outputs[0]
+    op = node.op
+    kind = kind_of(op)
+    if kind == "pointwise" or op in ("shallow_copy", "copy_", "copy_to_out_"):
+        if operand.ndim != out.ndim:
+            return [[] for _ in range(out.ndim)]
+        return [[] if d in operand.broadcast_dims else [(d, 0, 1)] for d in range(out.ndim)]
+    if op == "broadcast_in_dim":
+        m = [[] for _ in range(out.ndim)]
+        for src, dst in enumerate(node.args[2]):
+            if operand.shape[src] == out.shape[dst] and src not in operand.broadcast_dims:
+                m[dst] = [(src, 0, 1)]
+        return m
+    if op == "transpose":
+        return [[(p, 0, 1)] for p in node.args[1]]
+    if op == "squeeze":
+        dims = {d % operand.ndim for d in node.args[1]}
+        kept = [d for d in range(operand.ndim) if d not in dims]
+        return [[(d, 0, 1)] for d in kept]
+    if kind == "reduction":
+        dims = {d % operand.ndim for d in node.args[1]}
+        kept = [d for d in range(operand.ndim) if d not in dims]
+        return [[(d, 0, 1)] for d in kept]
+    if op == "reshape":
+        m = [[] for _ in range(out.ndim)]
+        groups = reshape_groups(operand.shape, out.shape) or []
+        for src_dims, dst_dims in groups:
+            if len(src_dims) == 1 and len(dst_dims) >= 1:
+                for t, j in enumerate(dst_dims):
+                    m[j] = [(src_dims[0], t, len(dst_dims))]
+            elif len(dst_dims) == 1 and len(src_dims) > 1:
+                m[dst_dims[0]] = [(d, 0, 1) for d in src_dims]
+        return m
+    if op in ("slice_prim", "pad"):
+        return [[(d, 0, 1)] for d in range(out.ndim)]
+    if op == "cat":
+        return [[(d, 0, 1)] for d in range(out.ndim)]
+    return [[] for _ in range(out.ndim)]
+
+
+def dim_provenance(region: Region, input_broadcast: dict[str, frozenset] | None = None) -> dict[int, Prov]:
+    """Per value (by id): for each dim, the region-input dims it traces back to. Stride-0
+    (broadcast) input dims trace to nothing, so they never steer a layout."""
+    input_broadcast = input_broadcast or {}
+    prov: dict[int, Prov] = {}
+    for v in region.inputs:
+        if v.is_tensor:
+            bdims = input_broadcast.get(v.name, v.broadcast_dims)
+            prov[id(v)] = tuple(
+                frozenset() if d in bdims else frozenset({(v.name, d, 0, 1)}) for d in range(v.ndim)
+            )
+    for node in region.nodes:
+        if node.op == "update_aliases":
+            for a, o in zip(node.args[0], node.outputs):
+                prov[id(o)] = prov.get(id(a), tuple(frozenset() for _ in range(o.ndim)))
+            continue
+        for oi, out in enumerate(node.outputs):
+            if not out.is_tensor:
+                continue
+            dims: list[set] = [set() for _ in range(out.ndim)]
+            operands = node.tensor_inputs()
+            if node.op == "copy_to_out_":
+                operands = [node.args[0]]
+            elif node.op == "copy_":
+                operands = [node.args[0]]
+            for operand in operands:
+                src = prov.get(id(operand))
+                if src is None:
+                    continue
+                for j, reads in enumerate(_node_dim_map(node, operand)):
+                    for d, part, nparts in reads:
+                        for inp, idim, p0, n0 in src[d]:
+                            dims[j].add((inp, idim, p0 * nparts + part, n0 * nparts))
+            prov[id(out)] = tuple(frozenset(s) for s in dims)
+    return prov
+
+
+def _non_broadcast_dims(v: Value, broadcast: dict[str, frozenset]) -> int:
+    bdims = broadcast.get(v.name, v.broadcast_dims)
+    return sum(1 for d in range(v.ndim) if v.shape[d] != 1 and d not in bdims)
+
+
+def _order_from_reference(out: Value, out_prov: Prov, ref: Value, ref_order: tuple[int, ...]) -> tuple[int, ...]:
+    rank = {d: r for r, d in enumerate(reversed(ref_order))}  # 0 = innermost reference dim
+    mapped: list[tuple[tuple[int, int], int]] = []
+    unmapped: list[int] = []
+    for j in range(out.ndim):
+        # a split dim's earlier parts are outer: (rank, parts after this one) orders them
+        keys = [(rank[idim], nparts - 1 - part) for inp, idim, part, nparts in out_prov[j] if inp == ref.name]
+        if keys and out.shape[j] != 1:
+            mapped.append((min(keys), j))
+        else:
+            unmapped.append(j)
+    mapped.sort(reverse=True)  # outermost first
+    return tuple(unmapped) + tuple(j for _, j in mapped)
+
+
+def infer_allocation_orders(
+    region: Region,
+    input_orders: dict[str, tuple[int, ...]],
+    input_broadcast: dict[str, frozenset] | None = None,
+    prov: dict[int, Prov] | None = None,
+) -> dict[int, tuple[int, ...]]:
+    """Allocation order (outermost first) for every tensor value in the region.
+
+    ``input_orders``/``input_broadcast`` give each input's stride order and stride-0 dims as
+    met at run time; a broadcast operand never becomes the reference.
+    """
+    input_broadcast = input_broadcast or {}
+    prov = prov if prov is not None else dim_provenance(region, input_broadcast)
+    inputs = {v.name: v for v in region.inputs if v.is_tensor}
+    result: dict[int, tuple[int, ...]] = {}
+    for v in region.inputs:
+        if v.is_tensor:
+            result[id(v)] = input_orders.get(v.name, tuple(range(v.ndim)))
+    for node in region.nodes:
+        for out in node.outputs:
+            if not out.is_tensor or id(out) in result:
+                continue
+            if node.op in ("copy_", "copy_to_out_"):
+                dst = node.args[1] if node.op == "copy_" else node.kwargs["out"]
+                result[id(out)] = result.get(id(dst), tuple(range(out.ndim)))
+                continue
+            if node.op == "update_aliases":
+                continue
+            result[id(out)] = _infer_one(out, prov[id(out)], inputs, input_orders, input_broadcast)
+        if node.op == "update_aliases":
+            for a, o in zip(node.args[0], node.outputs):
+                result[id(o)] = result.get(id(a), tuple(range(o.ndim)))
+    return result
+
+
+def _infer_one(out: Value, out_prov: Prov, inputs: dict[str, Value], input_orders, input_broadcast) -> tuple[int, ...]:
+    logical = tuple(range(out.ndim))
+    deps = {inp for atoms in out_prov for inp, *_ in atoms}
+    if not deps:
+        return logical
+    candidates = [inputs[n] for n in sorted(deps) if n in inputs]
+    best = max(_non_broadcast_dims(v, input_broadcast) for v in candidates)
+    refs = [v for v in candidates if _non_broadcast_dims(v, input_broadcast) == best]
+    orders = {
+        _order_from_reference(out, out_prov, v, input_orders.get(v.name, tuple(range(v.ndim)))) for v in refs
+    }
+    if len(orders) != 1:
+        return logical
+    return orders.pop()

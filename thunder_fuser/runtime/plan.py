@@ -1,0 +1,111 @@
+"""A region's plan for one input specialization: layouts, segment kinds, and how to run.
+
+thunder's prologue checks no strides, so one cached trace meets new layouts at run time.
+The runner keys plans by the input strides (one tuple per tensor: no loops over
+elements, no dlpack); a plan holds the layout the rule infers for that key, so a new
+layout gets a new plan, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from thunder_fuser.backends import reference
+from thunder_fuser.ir.region import Region, Value
+from thunder_fuser.layout import dim_provenance, infer_allocation_orders, stride_order, strides_for_order
+from thunder_fuser.segment import Segment, schedule_segments
+
+_OVERLAP_MSG = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single memory "
+    "location. Please clone() the tensor before performing the operation."
+)
+
+
+def input_layout(region: Region, args) -> tuple[dict[str, tuple[int, ...]], dict[str, frozenset]]:
+    orders, bcast = {}, {}
+    for v, a in zip(region.inputs, args):
+        if isinstance(a, torch.Tensor):
+            st = a.stride()
+            orders[v.name] = stride_order(a.shape, st)
+            bcast[v.name] = frozenset(d for d in range(a.ndim) if st[d] == 0 and a.shape[d] != 1)
+    return orders, bcast
+
+
+def transpose_segments(segments: list[Segment], region: Region, orders: dict[int, tuple], prov) -> set[int]:
+    """Indices of pointwise segments whose inputs' fastest dim differs from their outputs'
+    (in the output's index space): those need the tiled transpose template."""
+    inputs = {v.name: v for v in region.inputs}
+    result = set()
+    for seg in segments:
+        if seg.kind != "pointwise":
+            continue
+        for o in seg.outputs:
+            if not o.is_tensor or o.ndim < 2 or id(o) not in orders:
+                continue
+            inner = orders[id(o)][-1]
+            for j, atoms in enumerate(prov.get(id(o), ())):
+                for name, idim, _, _ in atoms:
+                    v = inputs.get(name)
+                    if v is None or id(v) not in orders or v.numel <= 1:
+                        continue
+                    v_inner = orders[id(v)][-1]
+                    if (idim == v_inner) != (j == inner) and o.shape[j] > 1 and v.shape[idim] > 1:
+                        result.add(seg.index)
+    return result
+
+
+@dataclass
+class Plan:
+    region: Region
+    segments: list[Segment]
+    orders: dict[int, tuple[int, ...]]
+    kinds: dict[int, str]
+    error: str | None = None
+    out_strides: list = field(default_factory=list)
+
+    def run(self, args):
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        region = self.region
+        env: dict[int, object] = {id(v): a for v, a in zip(region.inputs, args)}
+        sched = schedule_segments(region, self.segments)
+        for seg in sched.order:
+            reference.run_nodes(seg.nodes, env)
+            for v in sched.free_after.get(seg.index, ()):
+                env.pop(id(v), None)
+        results = []
+        for o, strides in zip(region.outputs, self.out_strides):
+            t = env[id(o)]
+            if strides is not None and isinstance(t, torch.Tensor) and t.stride() != strides:
+                out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+                out.copy_(t)
+                t = out
+            results.append(t)
+        return results
+
+
+def build_plan(region: Region, segments: list[Segment], args) -> Plan:
+    in_orders, in_bcast = input_layout(region, args)
+    prov = dim_provenance(region, in_bcast)
+    orders = infer_allocation_orders(region, in_orders, in_bcast, prov)
+    kinds = {s.index: s.kind for s in segments}
+    for i in transpose_segments(segments, region, orders, prov):
+        kinds[i] = "transpose"
+    error = None
+    written = {id(n.args[1] if n.op == "copy_" else n.kwargs["out"]) for n in region.writes()}
+    for v, a in zip(region.inputs, args):
+        if id(v) in written and isinstance(a, torch.Tensor) and torch._debug_has_internal_overlap(a) == 1:
+            error = f"{_OVERLAP_MSG} (in-place write into '{v.name}' in {region.name})"
+    fresh = {id(o) for n in region.nodes if n.op not in ("copy_", "copy_to_out_", "update_aliases") for o in n.outputs}
+    fresh -= {id(v) for v in region.inputs}
+    out_strides = [
+        strides_for_order(o.shape, orders[id(o)]) if id(o) in fresh and o.is_tensor and id(o) in orders else None
+        for o in region.outputs
+    ]
+    return Plan(region, segments, orders, kinds, error, out_strides)
+
+
+def spec_key(args) -> tuple:
+    return tuple(a.stride() if isinstance(a, torch.Tensor) else None for a in args)
