@@ -55,11 +55,11 @@ def _node_dim_map(node: Node, operand: Value) -> list[list[tuple[int, int, int]]
     if op == "transpose":
         return [[(p, 0, 1)] for p in node.args[1]]
     if op == "squeeze":
-        dims = {d % operand.ndim for d in node.args[1]}
+        dims = {d % max(operand.ndim, 1) for d in node.args[1]}
         kept = [d for d in range(operand.ndim) if d not in dims]
         return [[(d, 0, 1)] for d in kept]
     if kind == "reduction":
-        dims = {d % operand.ndim for d in node.args[1]}
+        dims = {d % max(operand.ndim, 1) for d in node.args[1]}
         kept = [d for d in range(operand.ndim) if d not in dims]
         return [[(d, 0, 1)] for d in kept]
     if op == "reshape":

@@ -81,8 +81,12 @@ def _try_join(seg: Segment, node: Node, dom: tuple[int, ...], dependent: bool, r
         if k == "reduction":
             if seg.kind == "reduction" and seg.domain == dom and seg.reduced == reduction_dims(node):
                 return None
-        elif k in ("pointwise", "view", "write") and seg.kind == "pointwise" and seg.domain == dom:
-            return None
+        elif k in ("pointwise", "view", "write"):
+            if seg.kind == "pointwise" and seg.domain == dom:
+                return None
+            # a persistent normalization kernel already iterates its full domain
+            if seg.kind == "normalization" and dom in (seg.domain, _keepdim_shape(seg.domain, seg.reduced)):
+                return None
         return f"{_what(seg)} and {_node_what(node, dom)} have different iteration domains"
     if k == "reduction":
         rd = reduction_dims(node)

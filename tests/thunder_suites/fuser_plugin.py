@@ -1,0 +1,27 @@
+"""pytest plugin: run thunder's own shipped test-suites with ``fuser_ex`` as the executor
+under test. Loaded with ``-p tests.thunder_suites.fuser_plugin`` before thunder's test
+modules are imported, it swaps thunder's list of test executors for ours."""
+
+import thunder_fuser  # noqa: F401  (compat stubs before thunder)
+from thunder_fuser import fuser_ex
+
+import torch
+import thunder.tests.framework as framework
+from thunder.core import devices, dtypes
+
+
+class FuserTestExecutor(framework.TestExecutor):
+    name = "fuser"
+    supported_devicetypes = (devices.DeviceType.CPU, devices.DeviceType.CUDA)
+    supported_dtypes = (dtypes.dtype,)
+
+    def executors_list(self):
+        return [fuser_ex]
+
+    def version(self):
+        return torch.__version__
+
+
+FuserExecutor = FuserTestExecutor()
+framework._all_test_executors = lambda: [FuserExecutor]
+framework.TorchExecutor = FuserExecutor
