@@ -1,0 +1,19 @@
+import thunder_fuser  # noqa: F401  (restores torch compat stubs before thunder imports)
+
+import pytest
+import torch
+from hypothesis import settings
+
+settings.register_profile("ci", max_examples=300, deadline=None, print_blob=True)
+settings.register_profile("thorough", max_examples=5000, deadline=None, print_blob=True)
+settings.register_profile("dev", max_examples=30, deadline=None)
+settings.load_profile("ci")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,44 @@
+"""Shared test helpers: run a function jitted with fuser_ex beside eager, compare outputs
+and the final contents of every input."""
+
+from __future__ import annotations
+
+import thunder
+import torch
+
+from thunder_fuser import fuser_ex
+
+
+def clone_args(args):
+    return [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def tol(dtype):
+    if dtype in (torch.float16, torch.bfloat16):
+        return dict(atol=2e-2, rtol=2e-2)
+    return dict(atol=1e-5, rtol=1.3e-6)
+
+
+def check_vs_eager(fn, *args, executors=None, **kwargs):
+    """Jit ``fn``, run it and eager on copies of ``args``; assert outputs and inputs match."""
+    jfn = thunder.jit(fn, executors=executors or [fuser_ex])
+    ours, theirs = clone_args(args), clone_args(args)
+    got = jfn(*ours, **kwargs)
+    expected = fn(*theirs, **kwargs)
+    torch.testing.assert_close(got, expected, equal_nan=True, **_tol_of(expected))
+    for a, b in zip(ours, theirs):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a, b, equal_nan=True, **_tol_of(b))
+    return jfn, got
+
+
+def _tol_of(x):
+    if isinstance(x, torch.Tensor):
+        return tol(x.dtype)
+    if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
+        return tol(x[0].dtype)
+    return {}
+
+
+def fusion_names(jfn) -> list[str]:
+    return [b.sym.name for b in thunder.last_traces(jfn)[-1].bound_symbols if b.sym.name.startswith("fuser")]
