@@ -93,6 +93,7 @@ class FuserExecutor(FusionExecutor):
             outputs = [writes[-1].output]
         name = f"fuser{fusion_counter}"
         ir = build_region(name, flat, inputs, outputs)
+        ir.grad_enabled = _grad_enabled_at_trace_time()
         debug.dump("region", lambda: str(ir.nodes))
         functionalize(ir)
         segments = segment_region(ir)
@@ -132,6 +133,13 @@ class FuserExecutor(FusionExecutor):
         ms = (time.perf_counter_ns() - start) // 1_000_000
         out.set_provenance(TraceProvenance(f"thunder_fuser fusion (took {ms} milliseconds)"))
         return out
+
+
+def _grad_enabled_at_trace_time() -> bool:
+    from thunder.core.compile_data import get_compile_data
+
+    cd = get_compile_data()
+    return bool(getattr(cd, "is_grad_enabled", False)) if cd is not None else False
 
 
 def _keep_segment_printing(bsym: BoundSymbol) -> None:

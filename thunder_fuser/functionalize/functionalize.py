@@ -60,6 +60,11 @@ def functionalize(region: Region) -> Region:
         if node.op == "update_aliases" and len(node.args[0]) == 1:
             subst[id(node.outputs[0])] = node.args[0][0]
             continue
+        if node.op == "shallow_copy":
+            # identity on values (thunder's `.to(same dtype)`): reading through it would
+            # hide that a copy's source is fresh, or that a read is aligned with a write
+            subst[id(node.output)] = node.args[0]
+            continue
         nodes.append(node)
     region.nodes = nodes
     region.outputs = [swap(v) for v in region.outputs]

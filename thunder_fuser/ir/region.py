@@ -110,6 +110,7 @@ class Region:
     outputs: list[Value]
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    grad_enabled: bool = False  # the user's grad mode when thunder traced the region
 
     def producers(self) -> dict[int, Node]:
         return {id(o): n for n in self.nodes for o in n.outputs}

@@ -64,11 +64,20 @@ class Plan:
     kinds: dict[int, str]
     error: str | None = None
     out_strides: list = field(default_factory=list)
+    written_inputs: tuple[int, ...] = ()
 
     def run(self, args):
         if self.error is not None:
             raise RuntimeError(self.error)
         region = self.region
+        if region.grad_enabled:
+            for i in self.written_inputs:
+                a = args[i]
+                if a.requires_grad and a.is_leaf:
+                    raise RuntimeError(
+                        f"a leaf Variable that requires grad is being used in an in-place operation "
+                        f"(in-place write into '{region.inputs[i].name}' in {region.name})"
+                    )
         env: dict[int, object] = {id(v): a for v, a in zip(region.inputs, args)}
         sched = schedule_segments(region, self.segments)
         for seg in sched.order:
@@ -104,7 +113,8 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
         strides_for_order(o.shape, orders[id(o)]) if id(o) in fresh and o.is_tensor and id(o) in orders else None
         for o in region.outputs
     ]
-    return Plan(region, segments, orders, kinds, error, out_strides)
+    written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
+    return Plan(region, segments, orders, kinds, error, out_strides, written_inputs)
 
 
 def spec_key(args) -> tuple:

@@ -26,6 +26,9 @@ class WriteHazards:
     def __init__(self, region: Region):
         self.root = storage_roots(region)
         self.written_roots = {id(self.root[id(_written(n))]) for n in region.writes()}
+        # values that name the written memory itself, element for element (not a view)
+        self.direct = {id(v) for v in region.inputs}
+        self.direct |= {id(n.output) for n in region.writes()} | {id(_written(n)) for n in region.writes()}
         self.readers: dict[int, list[tuple[Node, object]]] = {}  # root -> placed (reader, segment)
         self.writes: dict[int, list[tuple[Node, object]]] = {}  # root -> placed (write, segment)
 
@@ -41,20 +44,25 @@ class WriteHazards:
 
     def conflict(self, node: Node, seg, seg_of) -> str | None:
         for v, r in self._read_roots(node):
-            for w, wseg in self.writes.get(r, []):
-                same_value = v is w.output
-                if wseg is seg and not (same_value and self._aligned(node, v, w.output.shape)):
-                    return f"{node.op} reads {v.name} after the in-place write {w.output.name}; needs that write to land first"
-                if wseg.index > seg.index:
-                    return f"{node.op} reads {v.name} after the in-place write {w.output.name}"
+            placed = self.writes.get(r, [])
+            if not placed:
+                continue
+            latest, lseg = placed[-1]
+            if lseg is seg and not (v is latest.output and self._aligned(node, v, latest.output.shape)):
+                return f"{node.op} reads {v.name} after the in-place write {latest.output.name}; needs that write to land first"
+            if any(wseg.index > seg.index for _, wseg in placed):
+                return f"{node.op} reads {v.name} after the in-place write {latest.output.name}"
         if node.op in ("copy_", "copy_to_out_"):
             dst = _written(node)
             r = id(self.root.get(id(dst), dst))
             for reader, rseg in self.readers.get(r, []):
                 if rseg.index > seg.index:
                     return f"the write into {dst.name} must follow {reader.op} that reads its old contents"
+                # an earlier read of the same element in the same thread happens before the store
                 if rseg is seg and not all(
-                    self._aligned(reader, v, dst.shape) and v is dst for v, rr in self._read_roots(reader) if rr == r
+                    self._aligned(reader, v, dst.shape) and id(v) in self.direct
+                    for v, rr in self._read_roots(reader)
+                    if rr == r
                 ):
                     return f"the write into {dst.name} would race with {reader.op} reading it at other elements"
         return None

@@ -1,0 +1,117 @@
+"""In-place updates: copy_to_out_ rewriting, alias safety, and eager-equivalent errors."""
+
+import pytest
+import thunder
+import torch
+
+from helpers import check_vs_eager, fusion_names
+from thunder_fuser import fuser_ex
+
+
+def test_add_inplace_then_mul_is_one_region_with_copy_to_out():
+    def f(a, b):
+        a.add_(b)
+        return a * 2
+
+    jfn, _ = check_vs_eager(f, torch.randn(4, 4), torch.randn(4, 4))
+    text = str(thunder.last_traces(jfn)[-1])
+    assert fusion_names(jfn) == ["fuser0"]
+    assert (
+        "    # segment 0 [pointwise]  (a, b) -> (t1, t2)\n"
+        "    #   t0 = prims.add(a, b)\n"
+        "    #   t1 = copy_to_out_(t0, out=a)\n"
+        "    #   t2 = prims.mul(t1, 2.0)\n"
+    ) in text
+
+
+def test_kv_cache_program_from_the_copy_to_out_pr():
+    def f(q, k, v, mask, idx, src):
+        q.index_copy_(2, idx, src)
+        k.index_copy_(2, idx, src)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, mask)
+
+    q = torch.randn(1, 4, 2, 16)
+    k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 4, 3, 16)
+    mask = torch.ones(1, 1, 2, 3, dtype=torch.bool)
+    check_vs_eager(f, q, k, v, mask, torch.arange(2), torch.randn(1, 4, 2, 16))
+
+
+def adam_step(params, grads, exp_avgs, exp_avg_sqs, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=1e-2, step=3):
+    bc1, bc2 = 1 - b1**step, 1 - b2**step
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        p.mul_(1 - lr * wd)
+        m.lerp_(g, 1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = (v.sqrt() / (bc2**0.5)).add_(eps)
+        p.addcdiv_(m, denom, value=-lr / bc1)
+
+
+def test_adamw_step_writes_params_and_state_through_copy_to_out():
+    shapes = [(64,), (8, 16), (3, 5, 7)]
+    args = [[torch.randn(s) for s in shapes] for _ in range(4)]
+    args[3] = [a.abs() for a in args[3]]
+    jfn, _ = check_vs_eager(adam_step, *args)
+    trace = thunder.last_traces(jfn)[-1]
+    text = str(trace)
+    # p: mul_, addcdiv_; m: lerp_; v: mul_, addcmul_; denom: add_ on an intermediate
+    assert text.count("copy_to_out_(") == 6 * len(shapes)
+    assert "= copy_(" not in text
+    for b in trace.bound_symbols:
+        if b.sym.name.startswith("fuser"):
+            runner = b._call_ctx[b.sym.name]
+            # one pointwise kernel per parameter shape: reads, math and every write together
+            assert [s.kind for s in runner.segments] == ["pointwise"] * len(shapes)
+
+
+def test_write_into_a_view_of_an_input():
+    def f(x, y):
+        x[:, 1:3].mul_(y)
+        x.t()[0].add_(1)
+        return x.sum(0)
+
+    check_vs_eager(f, torch.randn(4, 5), torch.randn(4, 2))
+
+
+def test_same_tensor_twice():
+    def f(a, b):
+        a.add_(b)
+        return a + b
+
+    x = torch.randn(3, 3)
+    jfn = thunder.jit(f, executors=[fuser_ex])
+    y = x.clone()
+    torch.testing.assert_close(jfn(x, x), f(y, y))
+    torch.testing.assert_close(x, y)
+
+
+def test_inplace_on_expanded_input_raises_like_eager_before_writing():
+    def f(a, b):
+        b.add_(1)
+        a.add_(1)
+        return a
+
+    jfn = thunder.jit(f, executors=[fuser_ex])
+    a = torch.randn(3).expand(4, 3)
+    b = torch.zeros(2)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        f(a.clone().expand(4, 3) if False else torch.randn(3).expand(4, 3), torch.zeros(2))
+    before_a, before_b = a.clone(), b.clone()
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        jfn(a, b)
+    torch.testing.assert_close(b, before_b)
+    torch.testing.assert_close(a, before_a)
+
+
+def test_inplace_on_leaf_requiring_grad_raises():
+    def f(a):
+        a.mul_(2)
+        return a
+
+    a = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        f(a)
+    jfn = thunder.jit(f, executors=[fuser_ex])
+    before = a.detach().clone()
+    with pytest.raises(Exception, match="leaf|requires grad|in-place"):
+        jfn(a)
+    torch.testing.assert_close(a.detach(), before)
