@@ -65,6 +65,7 @@ class Plan:
     error: str | None = None
     out_strides: list = field(default_factory=list)
     written_inputs: tuple[int, ...] = ()
+    schedule: object = None  # computed once per plan, not per call
 
     def run(self, args):
         if self.error is not None:
@@ -79,7 +80,7 @@ class Plan:
                         f"(in-place write into '{region.inputs[i].name}' in {region.name})"
                     )
         env: dict[int, object] = {id(v): a for v, a in zip(region.inputs, args)}
-        sched = schedule_segments(region, self.segments)
+        sched = self.schedule
         for seg in sched.order:
             reference.run_nodes(seg.nodes, env)
             for v in sched.free_after.get(seg.index, ()):
@@ -114,7 +115,9 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
         for o in region.outputs
     ]
     written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
-    return Plan(region, segments, orders, kinds, error, out_strides, written_inputs)
+    return Plan(
+        region, segments, orders, kinds, error, out_strides, written_inputs, schedule_segments(region, segments)
+    )
 
 
 def spec_key(args) -> tuple:
