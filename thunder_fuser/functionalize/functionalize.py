@@ -49,6 +49,19 @@ def storage_roots(region: Region) -> dict[int, Value]:
     return root
 
 
+def _keep_output_names(region: Region, swapped: list[Value], nodes: list[Node]) -> None:
+    """Set ``region.outputs`` to ``swapped``; a computed value that stands in for a dropped
+    rename takes the trace's name, so the segment printout names what the trace returns."""
+    produced = {id(o): n for n in nodes for o in n.outputs}
+    taken = {id(v) for v in region.outputs}
+    for old, new in zip(region.outputs, swapped):
+        n = produced.get(id(new))
+        if new is not old and n is not None and kind_of(n.op) != "write" and id(new) not in taken:
+            new.name = old.name
+            taken.add(id(new))
+    region.outputs = swapped
+
+
 def functionalize(region: Region) -> Region:
     """Rewrite ``region`` in place (returns it): see the module docstring."""
     subst: dict[int, Value] = {}
@@ -67,7 +80,7 @@ def functionalize(region: Region) -> Region:
             continue
         nodes.append(node)
     region.nodes = nodes
-    region.outputs = [swap(v) for v in region.outputs]
+    _keep_output_names(region, [swap(v) for v in region.outputs], nodes)
 
     producers = region.producers()
     consumers = region.consumers()

@@ -35,10 +35,11 @@ class Segment:
     outputs: list[Value] = field(default_factory=list)
     reduced_values: set = field(default_factory=set)
     split_reason: str | None = None  # why this segment did not join the one before
+    reads: set = field(default_factory=set)  # ids of every value its nodes read
 
     def describe(self) -> str:
         if self.kind in ("reduction", "normalization") and self.reduced is not None:
-            op = next((n.op for n in self.nodes if kind_of(n.op) == "reduction"), "reduction")
+            op = next((n.op for n in self.nodes if seg_kind(n) == "reduction"), "reduction")
             return f"{self.kind}: {op} over dims {self.reduced}"
         return self.kind
 
@@ -60,20 +61,20 @@ def _keepdim_shape(domain, dims) -> tuple[int, ...]:
 
 def _what(seg: Segment) -> str:
     if seg.kind in ("reduction", "normalization"):
-        op = next(n.op for n in seg.nodes if kind_of(n.op) == "reduction")
+        op = next(n.op for n in seg.nodes if seg_kind(n) == "reduction")
         return f"{op} over {seg.reduced}"
     return f"the {seg.kind} ops over {seg.domain}"
 
 
 def _node_what(node: Node, dom) -> str:
-    if kind_of(node.op) == "reduction":
+    if seg_kind(node) == "reduction":
         return f"{node.op} over {reduction_dims(node)}"
     return f"{node.op} over {dom}"
 
 
-def _try_join(seg: Segment, node: Node, dom: tuple[int, ...], dependent: bool, region_reads_reduced: bool) -> str | None:
-    """None when ``node`` can join ``seg`` under one kernel template, else the reason."""
-    k = kind_of(node.op)
+def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent: bool, region_reads_reduced: bool) -> str | None:
+    """None when ``node`` (of family ``k``) can join ``seg`` under one kernel template, else
+    the reason. ``dependent``: ``seg`` produces one of ``node``'s inputs."""
     if seg.kind in ("alias", "reference"):
         return f"segment {seg.index} is a memory barrier ({seg.kind})"
     if not dependent:
@@ -81,12 +82,23 @@ def _try_join(seg: Segment, node: Node, dom: tuple[int, ...], dependent: bool, r
         if k == "reduction":
             if seg.kind == "reduction" and seg.domain == dom and seg.reduced == reduction_dims(node):
                 return None
+        elif k == "resize":
+            # slices of region inputs are just indexing inside a resize kernel
+            if seg.kind == "resize":
+                return None
         elif k in ("pointwise", "view", "write"):
             if seg.kind == "pointwise" and seg.domain == dom:
                 return None
-            # a persistent normalization kernel already iterates its full domain
-            if seg.kind == "normalization" and dom in (seg.domain, _keepdim_shape(seg.domain, seg.reduced)):
-                return None
+            if seg.kind in ("reduction", "normalization"):
+                # per reduced row: the epilogue of a reduction kernel computes it
+                if dom in (_keepdim_shape(seg.domain, seg.reduced), _reduced_shape(seg.domain, seg.reduced)):
+                    return None
+                # full domain: worth it only where it saves a read of a shared input;
+                # otherwise a pointwise kernel reads as much and schedules better
+                if dom == seg.domain:
+                    if seg.kind == "normalization" or any(id(v) in seg.reads for v in node.tensor_inputs()):
+                        return None
+                    return f"{_what(seg)} and {_node_what(node, dom)} share no input"
         return f"{_what(seg)} and {_node_what(node, dom)} have different iteration domains"
     if k == "reduction":
         rd = reduction_dims(node)
@@ -113,6 +125,43 @@ def _try_join(seg: Segment, node: Node, dom: tuple[int, ...], dependent: bool, r
     return f"{_what(seg)} and {node.op} over {dom} have different iteration domains"
 
 
+def seg_kind(node: Node) -> str:
+    """The op family that decides segmentation: a reduction over size-1 dims only (thunder's
+    decompositions emit them, e.g. ``sum`` of a ``[n, 1]`` mean gradient) is a squeeze."""
+    k = kind_of(node.op)
+    if k == "reduction" and all(node.args[0].shape[d] == 1 for d in reduction_dims(node)):
+        return "view"
+    return k
+
+
+def _choose(node, k, dom, latest, segments, barrier, hazards, seg_of):
+    """The segment ``node`` joins, or ``(None, reason)``.
+
+    Candidates keep the segment graph acyclic: every producer segment of ``node`` must come
+    no later than the one it joins (edges then always point to higher indices). A dependent
+    node tries its latest producer's segment first, then newer ones (a horizontal join of
+    siblings, e.g. the two row sums of a layernorm backward); a node that reads only region
+    inputs tries the newest segments first. The window is bounded, so segmentation stays
+    linear in the number of ops. The reason returned is the one against the first candidate.
+    """
+    lo = max(latest.index if latest is not None else 0, barrier, 0)
+    cands = segments[lo:] if latest is not None else segments[lo:][::-1]
+    first_reason = None
+    for seg in cands[:_WINDOW]:
+        dependent = seg is latest
+        reads_reduced = any(id(v) in seg.reduced_values for v in node.inputs())
+        reason = _try_join(seg, node, k, dom, dependent, reads_reduced)
+        if reason is None:
+            reason = hazards.conflict(node, seg, seg_of)
+        if reason is None:
+            return seg, None
+        first_reason = first_reason or reason
+    return None, first_reason
+
+
+_WINDOW = 16
+
+
 def segment_region(region: Region) -> list[Segment]:
     """Segments of ``region`` in execution order, each with inputs, outputs and the reason
     it is separate from the segment before it."""
@@ -124,28 +173,27 @@ def segment_region(region: Region) -> list[Segment]:
     def new_segment(node: Node, kind: str, reason: str | None) -> Segment:
         d = dom[id(node)]
         seg = Segment(len(segments), kind, d, split_reason=reason)
-        if kind_of(node.op) == "reduction":
+        if seg_kind(node) == "reduction":
             seg.kind, seg.reduced = "reduction", reduction_dims(node)
         segments.append(seg)
         return seg
 
+    barrier = -1  # index of the newest alias/reference segment: nothing joins before it
     for node in region.nodes:
-        k = kind_of(node.op)
+        k = seg_kind(node)
         producer_segs = [seg_of[id(v)] for v in node.inputs() if id(v) in seg_of]
         latest = max(producer_segs, key=lambda s: s.index) if producer_segs else None
         dependent = latest is not None
-        target = latest if latest is not None else (segments[-1] if segments else None)
-        reason = None
+        target, reason = None, None
         if k == "alias":
-            target, reason = None, "update_aliases orders reads of views after in-place writes"
-        elif target is not None:
-            reads_reduced = any(id(v) in target.reduced_values for v in node.inputs())
-            reason = _try_join(target, node, dom[id(node)], dependent, reads_reduced)
-            if reason is None:
-                reason = hazards.conflict(node, target, seg_of)
-        if target is None or reason is not None:
+            reason = "update_aliases orders reads of views after in-place writes"
+        elif segments:
+            target, reason = _choose(node, k, dom[id(node)], latest, segments, barrier, hazards, seg_of)
+        if target is None:
             kind = "alias" if k == "alias" else ("resize" if k == "resize" else "pointwise")
             target = new_segment(node, kind, reason)
+            if kind == "alias":
+                barrier = target.index
         _add(target, node, dom[id(node)])
         for o in node.outputs:
             seg_of[id(o)] = target
@@ -156,7 +204,7 @@ def segment_region(region: Region) -> list[Segment]:
 
 
 def _add(seg: Segment, node: Node, d) -> None:
-    k = kind_of(node.op)
+    k = seg_kind(node)
     if k == "reduction":
         if seg.kind == "pointwise":
             seg.kind, seg.reduced = "reduction", reduction_dims(node)
@@ -174,6 +222,7 @@ def _add(seg: Segment, node: Node, d) -> None:
                 seg.kind = "normalization"  # a reduction result broadcast back over its input
             seg.reduced_values.update(id(o) for o in node.outputs)
     seg.nodes.append(node)
+    seg.reads.update(id(v) for v in node.inputs())
 
 
 def _finish(region: Region, segments: list[Segment], seg_of: dict[int, Segment]) -> None:
@@ -196,8 +245,4 @@ def _finish(region: Region, segments: list[Segment], seg_of: dict[int, Segment])
             for o in node.outputs:
                 if id(o) in later or id(o) in region_out:
                     seg.outputs.append(o)
-        if seg.kind == "reduction" and any(
-            not o.is_tensor or o.shape == seg.domain for o in seg.outputs if id(o) not in seg.reduced_values
-        ):
-            # a reduction kernel that must also write full-domain values runs persistent rows
-            seg.kind = "normalization"
+
