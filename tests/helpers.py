@@ -42,3 +42,13 @@ def _tol_of(x):
 
 def fusion_names(jfn) -> list[str]:
     return [b.sym.name for b in thunder.last_traces(jfn)[-1].bound_symbols if b.sym.name.startswith("fuser")]
+
+
+def fusion_block(trace, name: str = "fuser0") -> str:
+    """The lines of ``trace`` that call fusion ``name``: the call and its segments."""
+    lines = str(trace).splitlines()
+    start = next(i for i, l in enumerate(lines) if f"= {name}(" in l)
+    end = start + 1
+    while end < len(lines) and lines[end].lstrip().startswith("# ") and lines[end].startswith("    #"):
+        end += 1
+    return "\n".join(l.strip() for l in lines[start:end]) + "\n"

@@ -151,7 +151,7 @@ def _keep_segment_printing(bsym: BoundSymbol) -> None:
 def _with_copy_to_out(flat: list[BoundSymbol], ir) -> list[BoundSymbol]:
     """The fusion's subsymbols, with each ``copy_`` that functionalize rewrote shown as
     ``copy_to_out_`` (re-fusing them reproduces the same region)."""
-    rewritten = {n.output.name for n in ir.nodes if n.op == "copy_to_out_"}
+    rewritten = ir.rewritten_copies
     out = []
     for b in flat:
         if b.sym.id == prims.PrimIDs.COPY_ and b.output.name in rewritten:

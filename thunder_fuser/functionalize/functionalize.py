@@ -18,6 +18,7 @@ thunder 0.2.6 records ``x.add_(y)`` as ``t = add(x, y); r = copy_(t, x)`` wrappe
 from __future__ import annotations
 
 from thunder_fuser.ir.ops import kind_of
+from thunder_fuser.functionalize.superseded import elide_superseded_writes
 from thunder_fuser.ir.region import Node, Region, Value, map_values
 
 
@@ -56,7 +57,8 @@ def _keep_output_names(region: Region, swapped: list[Value], nodes: list[Node]) 
     taken = {id(v) for v in region.outputs}
     for old, new in zip(region.outputs, swapped):
         n = produced.get(id(new))
-        if new is not old and n is not None and kind_of(n.op) != "write" and id(new) not in taken:
+        if new is not old and n is not None and id(new) not in taken:
+            region.original_names[old.name] = new.name
             new.name = old.name
             taken.add(id(new))
     region.outputs = swapped
@@ -111,4 +113,6 @@ def functionalize(region: Region) -> Region:
                 else "is a view, not a fresh buffer"
             )
             region.notes.append(f"{node.output.name}: copy_ of {computed.name} into {dst.name} kept: {computed.name} {why}")
+    region.rewritten_copies = {region.original_names.get(n.output.name, n.output.name) for n in region.nodes if n.op == "copy_to_out_"}
+    elide_superseded_writes(region, storage_roots(region))
     return region

@@ -1,0 +1,1 @@
+"""The benchmark harness: ``python -m benchmarks.run`` (see benchmarks/run.py)."""
