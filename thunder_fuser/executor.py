@@ -26,7 +26,7 @@ from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.from_thunder import build_region, flatten_to_supported
 from thunder_fuser.ir.ops import SUPPORTED
-from thunder_fuser.printing import segment_lines
+from thunder_fuser.printing import op_line, segment_lines
 from thunder_fuser.runtime.region_runner import RegionRunner
 from thunder_fuser.segment import segment_region
 
@@ -94,7 +94,7 @@ class FuserExecutor(FusionExecutor):
         name = f"fuser{fusion_counter}"
         ir = build_region(name, flat, inputs, outputs)
         ir.grad_enabled = _grad_enabled_at_trace_time()
-        debug.dump("region", lambda: str(ir.nodes))
+        debug.dump("region", lambda: "\n".join([name] + [op_line(n) for n in ir.nodes]))
         functionalize(ir)
         segments = segment_region(ir)
         debug.dump("segments", lambda: "\n".join([name] + segment_lines(segments)))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from thunder_fuser import debug
 from thunder_fuser.backends import reference
 from thunder_fuser.ir.region import Region, Value
 from thunder_fuser.layout import dim_provenance, infer_allocation_orders, stride_order, strides_for_order
@@ -115,9 +116,19 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
         for o in region.outputs
     ]
     written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
+    debug.dump("layout", lambda: _layout_text(region, in_orders, orders, kinds))
     return Plan(
         region, segments, orders, kinds, error, out_strides, written_inputs, schedule_segments(region, segments)
     )
+
+
+def _layout_text(region, in_orders, orders, kinds) -> str:
+    lines = [f"{region.name}: inputs " + ", ".join(f"{n} order {o}" for n, o in in_orders.items())]
+    for o in region.outputs:
+        if id(o) in orders:
+            lines.append(f"  output {o.name} {tuple(o.shape)} allocation order {orders[id(o)]}")
+    lines.append("  segment kinds: " + ", ".join(f"{i}={k}" for i, k in kinds.items()))
+    return "\n".join(lines)
 
 
 def spec_key(args) -> tuple:

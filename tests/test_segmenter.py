@@ -1,0 +1,121 @@
+"""The segmenter as a pass on its own: properties over random regions, and its rules.
+
+Regions are built directly in the IR (no thunder), so these run in milliseconds.
+"""
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import thunder
+from benchmarks.segmentation_time import stacked_region
+from helpers import check_vs_eager
+from thunder_fuser import explain, fuser_ex
+from thunder_fuser.backends.reference import run_nodes
+from thunder_fuser.ir.region import Node, Region, Value
+from thunder_fuser.segment import schedule_segments, segment_region
+
+FULL, ROWS, COLS = (4, 6), (4,), (6,)
+
+
+@st.composite
+def random_regions(draw):
+    """Random DAGs of pointwise ops, broadcasts and row/column sums over a [4, 6] domain."""
+    inputs = [Value("x", FULL, torch.float32), Value("r", ROWS, torch.float32), Value("c", COLS, torch.float32)]
+    pool = {FULL: [inputs[0]], ROWS: [inputs[1]], COLS: [inputs[2]]}
+    nodes = []
+    for i in range(draw(st.integers(1, 25))):
+        out_shape = draw(st.sampled_from([FULL, FULL, ROWS, COLS]))
+        choice = draw(st.integers(0, 2))
+        if out_shape == FULL and choice == 0:
+            src_shape = draw(st.sampled_from([ROWS, COLS]))
+            src = draw(st.sampled_from(pool[src_shape]))
+            node = Node("broadcast_in_dim", (src, list(FULL), (0,) if src_shape == ROWS else (1,)), {}, ())
+        elif out_shape != FULL and choice == 0:
+            src = draw(st.sampled_from(pool[FULL]))
+            node = Node("sum", (src, (1,) if out_shape == ROWS else (0,)), {}, ())
+        elif choice == 1:
+            node = Node(draw(st.sampled_from(["exp", "neg", "tanh"])), (draw(st.sampled_from(pool[out_shape])),), {}, ())
+        else:
+            a, b = (draw(st.sampled_from(pool[out_shape])) for _ in range(2))
+            node = Node(draw(st.sampled_from(["add", "mul", "sub"])), (a, b), {}, ())
+        out = Value(f"t{i}", out_shape, torch.float32)
+        node.outputs = (out,)
+        nodes.append(node)
+        pool[out_shape].append(out)
+    outputs = list({id(n.output): n.output for n in draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=4))}.values())
+    return Region("random", inputs, nodes, outputs)
+
+
+def _fresh_inputs():
+    return [torch.randn(FULL).tanh(), torch.randn(ROWS).tanh(), torch.randn(COLS).tanh()]
+
+
+@given(random_regions())
+def test_segments_partition_the_region_acyclically_and_compute_the_same_values(region):
+    segments = segment_region(region)
+    # every node in exactly one segment
+    placed = [id(n) for s in segments for n in s.nodes]
+    assert sorted(placed) == sorted(id(n) for n in region.nodes)
+    # edges go from lower to higher index: the segment graph is acyclic
+    seg_of = {id(o): s.index for s in segments for n in s.nodes for o in n.outputs}
+    for s in segments:
+        for n in s.nodes:
+            for v in n.inputs():
+                assert seg_of.get(id(v), -1) <= s.index
+    # same region, same segments
+    again = segment_region(region)
+    assert [[id(n) for n in s.nodes] for s in again] == [[id(n) for n in s.nodes] for s in segments]
+    # the schedule computes what program order computes
+    args = _fresh_inputs()
+    env_prog = {id(v): a for v, a in zip(region.inputs, args)}
+    run_nodes(region.nodes, env_prog)
+    env_seg = {id(v): a for v, a in zip(region.inputs, args)}
+    sched = schedule_segments(region, segments)
+    for seg in sched.order:
+        run_nodes(seg.nodes, env_seg)
+        for v in sched.free_after.get(seg.index, ()):
+            env_seg.pop(id(v), None)
+    for o in region.outputs:
+        torch.testing.assert_close(env_seg[id(o)], env_prog[id(o)])
+
+
+def test_one_template_per_segment_over_a_stack_of_norms():
+    segments = segment_region(stacked_region(200))
+    assert {s.kind for s in segments} <= {"pointwise", "reduction", "normalization"}
+    # a column norm after a row norm over the same tensor cannot share a kernel
+    assert all(s.split_reason for s in segments[1:])
+
+
+def test_transposed_input_makes_a_transpose_segment_and_explain_says_so():
+    def f(x, y):
+        return x + y
+
+    jfn, out = check_vs_eager(f, torch.randn(8, 16).t(), torch.randn(16, 8))
+    assert out.stride() == (8, 1)
+    assert "segment 0 runs as transpose" in explain(jfn)
+
+
+def test_same_trace_same_segments_text():
+    def f(x, b):
+        return torch.softmax(x + b, -1).sum(0)
+
+    texts = []
+    for _ in range(2):
+        jfn = thunder.jit(f, executors=[fuser_ex])
+        jfn(torch.randn(4, 8), torch.randn(8))
+        texts.append(explain(jfn))
+    assert texts[0] == texts[1]
+
+
+def test_dump_env_var_prints_each_stage(monkeypatch, capsys):
+    monkeypatch.setenv("THUNDER_FUSER_DUMP", "region,segments,layout")
+
+    def f(x, b):
+        return torch.softmax(x + b, -1)
+
+    check_vs_eager(f, torch.randn(4, 8), torch.randn(8))
+    err = capsys.readouterr().err
+    assert "[thunder_fuser:region]\nfuser0\nt0 = prims.broadcast_in_dim(b, (4, 8), (1,))" in err
+    assert "[thunder_fuser:segments]\nfuser0\nsegment 0 [normalization: amax over dims (1,)]  (b, x) -> (t16)" in err
+    assert "[thunder_fuser:layout]\nfuser0: inputs b order (0,), x order (0, 1)\n  output t16 (4, 8) allocation order (0, 1)" in err
