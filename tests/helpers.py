@@ -9,8 +9,16 @@ import torch
 from thunder_fuser import fuser_ex
 
 
+def clone_tensor(a: torch.Tensor) -> torch.Tensor:
+    """A copy with the same storage layout: strides, offset and stride-0 dims included
+    (``clone`` would make an expanded tensor dense)."""
+    storage = a.detach().untyped_storage().clone()
+    c = torch.empty(0, dtype=a.dtype, device=a.device).set_(storage, a.storage_offset(), a.shape, a.stride())
+    return c.requires_grad_(a.requires_grad)
+
+
 def clone_args(args):
-    return [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+    return [clone_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
 
 
 def tol(dtype):

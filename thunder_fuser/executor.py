@@ -24,7 +24,7 @@ from thunder.extend import FusionExecutor, register_executor
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.functionalize import functionalize
-from thunder_fuser.ir.from_thunder import build_region, flatten_to_supported
+from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
 from thunder_fuser.ir.ops import SUPPORTED
 from thunder_fuser.printing import op_line, segment_lines
 from thunder_fuser.runtime.region_runner import RegionRunner
@@ -70,6 +70,13 @@ class FuserExecutor(FusionExecutor):
         for name in SUPPORTED:
             sym = copy_to_out_ if name == "copy_to_out_" else getattr(prims, name)
             self.register_supported(sym.id, _checker)
+
+    def can_fuse(self, bsym: BoundSymbol) -> bool:
+        # a no-op conversion (``x.half()`` of a half tensor) has no decomposition in thunder;
+        # claiming it keeps the ops around it in one region
+        if as_identity(bsym) is not None:
+            return _checker(*bsym.args, **bsym.kwargs)
+        return super().can_fuse(bsym)
 
     def get_fuel(self, amount: int = 1, /) -> bool:
         if self._fuel < amount:

@@ -22,10 +22,31 @@ def op_name(bsym: BoundSymbol) -> str:
     return bsym.sym.name
 
 
+# conversions that thunder records without a decomposition when they change nothing
+# (``x.half()`` of a half tensor): torch returns the input itself
+_IDENTITY_CONVERSIONS = ("to", "type", "type_as", "half", "float", "double", "bfloat16", "int", "long", "bool")
+
+
+def as_identity(bsym: BoundSymbol) -> BoundSymbol | None:
+    """``prims.shallow_copy`` standing for a conversion to the dtype a tensor already has."""
+    out = bsym.output
+    if bsym.subsymbols or bsym.sym.name.rsplit(".", 1)[-1] not in _IDENTITY_CONVERSIONS or not isinstance(out, TensorProxy):
+        return None
+    src = bsym.args[0] if bsym.args else None
+    if isinstance(src, TensorProxy) and (src.shape, src.dtype, src.device) == (out.shape, out.dtype, out.device):
+        from thunder.core import prims
+
+        return prims.shallow_copy.bind(src, output=out)
+    return None
+
+
 def flatten_to_supported(bsym: BoundSymbol) -> list[BoundSymbol]:
     """Replace a composite bound symbol by the supported prims it decomposes into."""
     if op_name(bsym) in SUPPORTED and (bsym.sym.is_prim or not bsym.subsymbols):
         return [bsym]
+    identity = as_identity(bsym)
+    if identity is not None:
+        return [identity]
     if not bsym.subsymbols:
         raise NotImplementedError(f"thunder_fuser cannot flatten {bsym.sym.name}: it has no decomposition")
     out: list[BoundSymbol] = []

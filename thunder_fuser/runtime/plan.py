@@ -34,9 +34,16 @@ def input_layout(region: Region, args) -> tuple[dict[str, tuple[int, ...]], dict
     return orders, bcast
 
 
+def _innermost(shape, order) -> int:
+    """The fastest-moving dim that has more than one element (size-1 dims have no order)."""
+    return next((d for d in reversed(order) if shape[d] > 1), order[-1])
+
+
 def transpose_segments(segments: list[Segment], region: Region, orders: dict[int, tuple], prov) -> set[int]:
-    """Indices of pointwise segments whose inputs' fastest dim differs from their outputs'
-    (in the output's index space): those need the tiled transpose template."""
+    """Indices of pointwise segments where some input's fastest dim does not land on the
+    output's fastest dim (in the output's index space): those need the tiled transpose
+    template. A merged output dim is fastest-consistent when the input's fastest dim is the
+    inner part of it; size-1 and broadcast dims have no order and never count."""
     inputs = {v.name: v for v in region.inputs}
     result = set()
     for seg in segments:
@@ -45,14 +52,13 @@ def transpose_segments(segments: list[Segment], region: Region, orders: dict[int
         for o in seg.outputs:
             if not o.is_tensor or o.ndim < 2 or id(o) not in orders:
                 continue
-            inner = orders[id(o)][-1]
+            inner = _innermost(o.shape, orders[id(o)])
             for j, atoms in enumerate(prov.get(id(o), ())):
-                for name, idim, _, _ in atoms:
+                for name, idim, part, nparts in atoms:
                     v = inputs.get(name)
-                    if v is None or id(v) not in orders or v.numel <= 1:
+                    if v is None or id(v) not in orders or v.numel <= 1 or o.shape[j] <= 1:
                         continue
-                    v_inner = orders[id(v)][-1]
-                    if (idim == v_inner) != (j == inner) and o.shape[j] > 1 and v.shape[idim] > 1:
+                    if idim == _innermost(v.shape, orders[id(v)]) and (j != inner or part != nparts - 1):
                         result.add(seg.index)
     return result
 
@@ -111,6 +117,8 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
             error = f"{_OVERLAP_MSG} (in-place write into '{v.name}' in {region.name})"
     fresh = {id(o) for n in region.nodes if n.op not in ("copy_", "copy_to_out_", "update_aliases") for o in n.outputs}
     fresh -= {id(v) for v in region.inputs}
+    # a view segment returns views of its inputs: nothing to allocate, no copy
+    fresh -= {id(o) for seg in segments if seg.kind == "view" for o in seg.outputs}
     out_strides = [
         strides_for_order(o.shape, orders[id(o)]) if id(o) in fresh and o.is_tensor and id(o) in orders else None
         for o in region.outputs

@@ -27,7 +27,7 @@ from thunder_fuser.segment.hazards import WriteHazards
 @dataclass(eq=False)
 class Segment:
     index: int
-    kind: str  # pointwise | reduction | normalization | resize | transpose | alias | reference
+    kind: str  # pointwise | reduction | normalization | resize | transpose | view | alias | reference
     domain: tuple[int, ...]
     nodes: list[Node] = field(default_factory=list)
     reduced: tuple[int, ...] | None = None
@@ -87,7 +87,7 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
             if seg.kind == "resize":
                 return None
         elif k in ("pointwise", "view", "write"):
-            if seg.kind == "pointwise" and seg.domain == dom:
+            if seg.kind == "pointwise" and (seg.domain == dom or _numel(dom) == _numel(seg.domain)):
                 return None
             if seg.kind in ("reduction", "normalization"):
                 # per reduced row: the epilogue of a reduction kernel computes it
@@ -225,8 +225,20 @@ def _add(seg: Segment, node: Node, d) -> None:
     seg.reads.update(id(v) for v in node.inputs())
 
 
+_METADATA_OPS = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy", "slice_prim")
+
+
 def _finish(region: Region, segments: list[Segment], seg_of: dict[int, Segment]) -> None:
-    """Fill each segment's inputs (read from outside it) and outputs (read after it)."""
+    """Fill each segment's inputs (read from outside it) and outputs (read after it).
+
+    A segment of metadata ops only (reshape, slice, squeeze, permute: splitting a fused QKV
+    projection into q, k, v) becomes a ``view`` segment: it launches no kernel and returns
+    views of its inputs, whatever their strides, so a consumer such as SDPA sees the
+    producer's true layout and nothing is copied.
+    """
+    for seg in segments:
+        if seg.kind in ("pointwise", "resize") and all(n.op in _METADATA_OPS for n in seg.nodes):
+            seg.kind = "view"
     region_out = {id(v) for v in region.outputs}
     read_later: dict[int, set[int]] = {}
     for seg in segments:
