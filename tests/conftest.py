@@ -1,5 +1,7 @@
 import thunder_fuser  # noqa: F401  (restores torch compat stubs before thunder imports)
 
+import os
+
 import pytest
 import torch
 from hypothesis import settings
@@ -7,7 +9,7 @@ from hypothesis import settings
 settings.register_profile("ci", max_examples=300, deadline=None, print_blob=True)
 settings.register_profile("thorough", max_examples=5000, deadline=None, print_blob=True)
 settings.register_profile("dev", max_examples=30, deadline=None)
-settings.load_profile("ci")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))  # thorough: 5,000 examples
 
 
 def pytest_collection_modifyitems(config, items):

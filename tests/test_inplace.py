@@ -108,3 +108,13 @@ def test_inplace_on_leaf_requiring_grad_raises():
     with pytest.raises(Exception, match="leaf|requires grad|in-place"):
         jfn(a)
     torch.testing.assert_close(a.detach(), before)
+
+
+def test_fill_is_traced_like_zero():
+    # thunder 0.2.6 has no Tensor.fill_; thunder_fuser registers it (missing_torch_ops.py)
+    def f(x, y):
+        x[1:3].fill_(2.5)
+        return x * y
+
+    check_vs_eager(f, torch.randn(4, 4), torch.randn(4, 4))
+    check_vs_eager(f, torch.randn(4, 4), torch.randn(4, 4), executors=["torch"])

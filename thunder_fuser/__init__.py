@@ -11,5 +11,8 @@ restore_named_tensor_stubs()  # must run before thunder is imported
 
 from thunder_fuser.executor import fuser_ex  # noqa: E402
 from thunder_fuser.explain import explain  # noqa: E402
+from thunder_fuser.missing_torch_ops import register_missing_torch_ops  # noqa: E402
+
+register_missing_torch_ops()
 
 __all__ = ["fuser_ex", "explain"]

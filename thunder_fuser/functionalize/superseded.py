@@ -9,9 +9,10 @@ value it stores, when no one can observe the memory between it and the next writ
   ``o2 = copy_to_out_(c2, out=o1)``; ``o1`` is not returned; every read of ``o1`` comes
   before that second write; and nothing else reads ``d``'s memory in between (a view of
   ``d`` would see the first write). The second write then targets ``d`` directly.
-* **into a temporary**: ``o = copy_to_out_(c, out=t)`` where ``t`` is computed in this
-  region (not an input's memory), is not returned, and is read by nothing after the write.
-  The buffer is invisible outside the region, so ``o`` is simply ``c``.
+* **into a temporary**: ``o = copy_to_out_(c, out=t)`` where ``t``'s memory belongs to a
+  value computed in this region (not an input's), no returned value shares that memory,
+  and nothing after the write reads it through any view. The buffer is then invisible, so
+  ``o`` is simply ``c``.
 """
 
 from __future__ import annotations
@@ -40,9 +41,7 @@ def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
             if any(j > nxt for j in later_reads) or _memory_read_between(nodes, i, nxt, roots, roots.get(id(dst), dst), o):
                 continue
             nodes[nxt].kwargs["out"] = dst
-        elif id(roots.get(id(dst), dst)) in input_roots or id(dst) in out_ids:
-            continue
-        elif any(j > i for j in reads.get(id(dst), []) if j != i):
+        elif not _invisible_after(nodes, i, roots.get(id(dst), dst), roots, input_roots, region.outputs):
             continue
         subst[id(o)] = w.args[0]
         drop.add(i)
@@ -68,3 +67,10 @@ def _memory_read_between(nodes, i, j, roots, root, o) -> bool:
             if v is not o and roots.get(id(v), v) is root:
                 return True
     return False
+
+
+def _invisible_after(nodes, i, root, roots, input_roots, outputs) -> bool:
+    """Whether memory ``root`` is a region temporary that no one reads after node ``i``."""
+    if id(root) in input_roots or any(roots.get(id(v), v) is root for v in outputs):
+        return False
+    return not any(roots.get(id(v), v) is root for n in nodes[i + 1 :] for v in n.inputs())
