@@ -118,3 +118,23 @@ def test_fill_is_traced_like_zero():
 
     check_vs_eager(f, torch.randn(4, 4), torch.randn(4, 4))
     check_vs_eager(f, torch.randn(4, 4), torch.randn(4, 4), executors=["torch"])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "thunder 0.2.6 treats arguments sharing a storage as one tensor ('[alias tensor args] `y` "
+    "is replaced by `x`'), so two different views of one base give wrong results with every "
+    "executor, its own torch executor included"
+))
+@pytest.mark.parametrize("executor", ["torch", "fuser"])
+def test_thunder_treats_two_views_of_one_base_as_one_tensor(executor):
+    def f(x, y):
+        x.mul_(2.0)
+        return x + 1, y * 1
+
+    base = torch.randn(6, 6)
+    expected_base = base.clone()
+    expected = f(expected_base[:, :3], expected_base[:, 3:])
+    jfn = thunder.jit(f, executors=["torch"] if executor == "torch" else [fuser_ex])
+    got = jfn(base[:, :3], base[:, 3:])
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(base, expected_base)

@@ -41,7 +41,7 @@ def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
             if any(j > nxt for j in later_reads) or _memory_read_between(nodes, i, nxt, roots, roots.get(id(dst), dst), o):
                 continue
             nodes[nxt].kwargs["out"] = dst
-        elif not _invisible_after(nodes, i, roots.get(id(dst), dst), roots, input_roots, region.outputs):
+        elif not _invisible_after(nodes, i, o, roots.get(id(dst), dst), roots, input_roots, region.outputs):
             continue
         subst[id(o)] = w.args[0]
         drop.add(i)
@@ -69,8 +69,9 @@ def _memory_read_between(nodes, i, j, roots, root, o) -> bool:
     return False
 
 
-def _invisible_after(nodes, i, root, roots, input_roots, outputs) -> bool:
-    """Whether memory ``root`` is a region temporary that no one reads after node ``i``."""
+def _invisible_after(nodes, i, o, root, roots, input_roots, outputs) -> bool:
+    """Whether memory ``root`` is a region temporary that no one reads after node ``i``
+    other than through ``o``, the write's own result (which becomes the stored value)."""
     if id(root) in input_roots or any(roots.get(id(v), v) is root for v in outputs):
         return False
-    return not any(roots.get(id(v), v) is root for n in nodes[i + 1 :] for v in n.inputs())
+    return not any(v is not o and roots.get(id(v), v) is root for n in nodes[i + 1 :] for v in n.inputs())
