@@ -138,3 +138,11 @@ def test_thunder_treats_two_views_of_one_base_as_one_tensor(executor):
     got = jfn(base[:, :3], base[:, 3:])
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(base, expected_base)
+
+
+def test_fill_called_as_a_function():
+    def f(x):
+        torch.Tensor.fill_(x, 3.0)
+        return x + 1
+
+    check_vs_eager(f, torch.randn(3))

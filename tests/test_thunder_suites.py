@@ -1,6 +1,7 @@
-"""thunder's own op-consistency test, shipped in its wheel, with fuser_ex as the executor
-under test (via ``tests/thunder_suites/fuser_plugin.py``), for the dtypes of the ops we
-claim. Runs in a subprocess so thunder's test modules see the plugin first."""
+"""thunder's own test suites, shipped in its wheel, with fuser_ex as the executor under test
+(via ``tests/thunder_suites/fuser_plugin.py``): op consistency for the dtypes of the ops we
+claim, and the in-place suites. Each runs in a subprocess so thunder's test modules see the
+plugin first."""
 
 import os
 import subprocess
@@ -10,15 +11,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_core_vs_torch_consistency_with_fuser_ex():
+def _run_thunder_suite(modules: list[str], selection: str) -> str:
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-        "-p", "tests.thunder_suites.fuser_plugin", "--pyargs", "thunder.tests.test_ops",
-        "-k", "test_core_vs_torch_consistency and (float32 or int64 or bool8) and not cuda",
-        "-W", "ignore::DeprecationWarning",
+        "-p", "tests.thunder_suites.fuser_plugin", "--pyargs", *modules,
+        "-k", selection, "-W", "ignore::DeprecationWarning",
     ]
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     tail = "\n".join(proc.stdout.splitlines()[-30:])
     assert proc.returncode == 0, tail
     assert " passed" in tail
+    return tail
+
+
+def test_core_vs_torch_consistency_with_fuser_ex():
+    _run_thunder_suite(
+        ["thunder.tests.test_ops"], "test_core_vs_torch_consistency and (float32 or int64 or bool8) and not cuda"
+    )
+
+
+def test_thunder_inplace_suites_with_fuser_ex():
+    """thunder/tests/test_update_aliases.py and test_inplace_copy.py (CPU tests; their CUDA
+    tests need a GPU). Skips with reasons: tests/thunder_suites/fuser_plugin.py."""
+    tail = _run_thunder_suite(
+        ["thunder.tests.test_update_aliases", "thunder.tests.test_inplace_copy"], "not cuda"
+    )
+    assert " failed" not in tail

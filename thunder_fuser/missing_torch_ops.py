@@ -23,3 +23,10 @@ def register_missing_torch_ops() -> None:
     @ltorch.torchsymbol(torch.Tensor.fill_, is_method=True, id="torch.Tensor.fill_", tags=(prims.OpTags.IN_PLACE,), out_of_place=ltorch.full_like)
     def fill_(a, value):
         return ltorch._copy_(a, ltorch.full_like(a, value))
+
+    # thunder's jit copied the torch-to-thunder map into its lookaside table at import:
+    # add the entry there too, so ``torch.Tensor.fill_(x, v)`` called as a function traces
+    from thunder.core import jit_ext
+
+    wrap = jit_ext.ensure_recursive_proxies(jit_ext.interpreter_needs_wrap(jit_ext.record_source_loc_in_symbol_header(fill_)))
+    jit_ext._general_jit_lookaside_map[torch.Tensor.fill_] = wrap
