@@ -32,7 +32,8 @@ def main():
     expected = block(*args, ref_counter)
     print(thunder.last_traces(jblock)[-1])
     print(explain(jblock))
-    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    # bf16: eager rounds every op to bf16, the fused region keeps fp32 intermediates
+    tol = dict(atol=5e-2, rtol=5e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got, expected, **tol)
     torch.testing.assert_close(counter, ref_counter)
     print(f"matches eager ({device}, {dtype})")

@@ -130,17 +130,18 @@ def _runners(jfn):
     return [b._call_ctx[b.sym.name] for b in trace.bound_symbols if b.sym.name.startswith("fuser")]
 
 
-def _check_attention_block(device, backend=None):
-    x = torch.randn(B, S, H * E, device=device)
-    w = torch.randn(H * E, 3 * H * E, device=device) / 8
-    bias = torch.randn(H * E, device=device)
+def _check_attention_block(device, backend=None, dtype=torch.float32):
+    x = torch.randn(B, S, H * E, device=device, dtype=dtype)
+    w = torch.randn(H * E, 3 * H * E, device=device, dtype=dtype) / 8
+    bias = torch.randn(H * E, device=device, dtype=dtype)
     jfn = thunder.jit(_attention_block, executors=[fuser_ex, "sdpa", "torch"])
     if backend is None:
         got = jfn(x, w, bias)
     else:
         with torch.nn.attention.sdpa_kernel(backend):
             got = jfn(x, w, bias)
-    torch.testing.assert_close(got, _attention_block(x, w, bias), atol=1e-3, rtol=1e-3)
+    tol = 1e-3 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, _attention_block(x, w, bias), atol=tol, rtol=tol)
     text = str(thunder.last_traces(jfn)[-1])
     for copy_op in ("contiguous", "stride_order", "clone", "copy_("):
         assert copy_op not in text
@@ -170,6 +171,6 @@ def test_qkv_split_sdpa_on_gpu_backends(backend):
             o = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
         except RuntimeError as e:
             pytest.skip(f"{backend} unavailable here: {e}")
-    epilogue = _check_attention_block("cuda", getattr(SDPBackend, backend))
+    epilogue = _check_attention_block("cuda", getattr(SDPBackend, backend), torch.bfloat16)
     # whatever strides SDPA returned, the epilogue specialized on them (no copy to contiguous)
     print(backend, "eager SDPA output strides", o.stride(), "epilogue plans", list(epilogue.plans))
