@@ -119,3 +119,8 @@ def test_dump_env_var_prints_each_stage(monkeypatch, capsys):
     assert "[thunder_fuser:region]\nfuser0\nt0 = prims.broadcast_in_dim(b, (4, 8), (1,))" in err
     assert "[thunder_fuser:segments]\nfuser0\nsegment 0 [normalization: amax over dims (1,)]  (b, x) -> (t16)" in err
     assert "[thunder_fuser:layout]\nfuser0: inputs b order (0,), x order (0, 1)\n  output t16 (4, 8) allocation order (0, 1)" in err
+
+
+def test_softmax_of_a_zero_dim_tensor():
+    # a reduction over the dim of a 0-dim tensor is a squeeze, not a kernel
+    check_vs_eager(lambda x: torch.softmax(x, 0), torch.randn(()))

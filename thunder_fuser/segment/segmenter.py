@@ -127,10 +127,13 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
 
 def seg_kind(node: Node) -> str:
     """The op family that decides segmentation: a reduction over size-1 dims only (thunder's
-    decompositions emit them, e.g. ``sum`` of a ``[n, 1]`` mean gradient) is a squeeze."""
+    decompositions emit them, e.g. ``sum`` of a ``[n, 1]`` mean gradient; a 0-dim input's
+    "reduction" too) is a squeeze."""
     k = kind_of(node.op)
-    if k == "reduction" and all(node.args[0].shape[d] == 1 for d in reduction_dims(node)):
-        return "view"
+    if k == "reduction":
+        shape = node.args[0].shape
+        if all(d >= len(shape) or shape[d] == 1 for d in reduction_dims(node)):
+            return "view"
     return k
 
 
