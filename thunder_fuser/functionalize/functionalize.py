@@ -17,7 +17,7 @@ thunder 0.2.6 records ``x.add_(y)`` as ``t = add(x, y); r = copy_(t, x)`` wrappe
 
 from __future__ import annotations
 
-from thunder_fuser.ir.ops import kind_of
+from thunder_fuser.ir.ops import METADATA, kind_of
 from thunder_fuser.functionalize.superseded import elide_superseded_writes
 from thunder_fuser.ir.region import Node, Region, Value, map_values
 
@@ -26,8 +26,6 @@ class AliasError(RuntimeError):
     """A program whose in-place updates have no defined meaning."""
 
 
-# ops whose output may share memory with their first operand in torch
-_MAY_ALIAS = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy", "slice_prim")
 
 
 def storage_roots(region: Region) -> dict[int, Value]:
@@ -41,7 +39,7 @@ def storage_roots(region: Region) -> dict[int, Value]:
         elif node.op == "update_aliases":
             for a, o in zip(node.args[0], node.outputs):
                 root[id(o)] = root.get(id(a), a)
-        elif node.op in _MAY_ALIAS:
+        elif node.op in METADATA:
             a = node.args[0]
             root[id(node.output)] = root.get(id(a), a)
         else:
@@ -50,18 +48,15 @@ def storage_roots(region: Region) -> dict[int, Value]:
     return root
 
 
-def _keep_output_names(region: Region, swapped: list[Value], nodes: list[Node]) -> None:
-    """Set ``region.outputs`` to ``swapped``; a computed value that stands in for a dropped
-    rename takes the trace's name, so the segment printout names what the trace returns."""
-    produced = {id(o): n for n in nodes for o in n.outputs}
-    taken = {id(v) for v in region.outputs}
-    for old, new in zip(region.outputs, swapped):
-        n = produced.get(id(new))
-        if new is not old and n is not None and id(new) not in taken:
-            region.original_names[old.name] = new.name
+def _name_outputs_as_the_trace(region: Region, trace_outputs: list[Value]) -> None:
+    """A computed output that stands in for a dropped rename takes the trace's name, so the
+    segment printout names what the trace returns."""
+    produced = {id(o) for n in region.nodes for o in n.outputs}
+    taken = {id(v) for v in trace_outputs}
+    for old, new in zip(trace_outputs, region.outputs):
+        if new is not old and id(new) in produced and id(new) not in taken:
             new.name = old.name
             taken.add(id(new))
-    region.outputs = swapped
 
 
 def functionalize(region: Region) -> Region:
@@ -82,7 +77,8 @@ def functionalize(region: Region) -> Region:
             continue
         nodes.append(node)
     region.nodes = nodes
-    _keep_output_names(region, [swap(v) for v in region.outputs], nodes)
+    trace_outputs = region.outputs
+    region.outputs = [swap(v) for v in trace_outputs]
 
     producers = region.producers()
     consumers = region.consumers()
@@ -113,6 +109,7 @@ def functionalize(region: Region) -> Region:
                 else "is a view, not a fresh buffer"
             )
             region.notes.append(f"{node.output.name}: copy_ of {computed.name} into {dst.name} kept: {computed.name} {why}")
-    region.rewritten_copies = {region.original_names.get(n.output.name, n.output.name) for n in region.nodes if n.op == "copy_to_out_"}
+    region.rewritten_copies = {n.output.name for n in region.nodes if n.op == "copy_to_out_"}
+    _name_outputs_as_the_trace(region, trace_outputs)
     elide_superseded_writes(region, storage_roots(region))
     return region

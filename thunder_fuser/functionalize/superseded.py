@@ -23,26 +23,35 @@ from thunder_fuser.ir.region import Region, Value, map_values
 def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
     """Rewrite ``region`` in place; ``roots`` maps value ids to their storage root."""
     out_ids = {id(v) for v in region.outputs}
-    input_roots = {id(v) for v in region.inputs}
-    subst: dict[int, Value] = {}
-    drop: set[int] = set()
+    hidden = {id(v) for v in region.inputs} | {id(roots.get(id(v), v)) for v in region.outputs}
     nodes = region.nodes
-    reads: dict[int, list[int]] = {}  # value id -> indices of nodes reading it
+    # one pass: who reads each value, and who reads each memory (through any view)
+    reads: dict[int, list[int]] = {}
+    memory_reads: dict[int, list[tuple[int, Value]]] = {}
     for i, n in enumerate(nodes):
         for v in n.inputs():
             reads.setdefault(id(v), []).append(i)
+            memory_reads.setdefault(id(roots.get(id(v), v)), []).append((i, v))
+
+    def read_between(root: Value, o: Value, lo: int, hi: int) -> bool:
+        """A node in (lo, hi) reads ``root``'s memory other than through ``o``."""
+        return any(lo < j < hi and v is not o for j, v in memory_reads.get(id(root), ()))
+
+    subst: dict[int, Value] = {}
+    drop: set[int] = set()
     for i, w in enumerate(nodes):
         if w.op != "copy_to_out_" or id(w.output) in out_ids:
             continue
         dst, o = w.kwargs["out"], w.output
+        root = roots.get(id(dst), dst)
         later_reads = [j for j in reads.get(id(o), []) if j > i]
         nxt = next((j for j in later_reads if nodes[j].op == "copy_to_out_" and nodes[j].kwargs["out"] is o), None)
-        if nxt is not None:
-            if any(j > nxt for j in later_reads) or _memory_read_between(nodes, i, nxt, roots, roots.get(id(dst), dst), o):
+        if nxt is not None:  # superseded
+            if any(j > nxt for j in later_reads) or read_between(root, o, i, nxt):
                 continue
             nodes[nxt].kwargs["out"] = dst
-        elif not _invisible_after(nodes, i, o, roots.get(id(dst), dst), roots, input_roots, region.outputs):
-            continue
+        elif id(root) in hidden or read_between(root, o, i, len(nodes)):
+            continue  # not a temporary, or read after the write
         subst[id(o)] = w.args[0]
         drop.add(i)
         region.notes.append(f"{o.name}: write into {dst.name} elided (overwritten or invisible before any read)")
@@ -57,21 +66,3 @@ def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
         n.kwargs = {k: (v if k == "out" else map_values(v, swap)) for k, v in n.kwargs.items()}
         kept.append(n)
     region.nodes = kept
-
-
-def _memory_read_between(nodes, i, j, roots, root, o) -> bool:
-    """Whether a node strictly between ``i`` and ``j`` reads ``root``'s memory other than
-    through ``o`` itself."""
-    for n in nodes[i + 1 : j]:
-        for v in n.inputs():
-            if v is not o and roots.get(id(v), v) is root:
-                return True
-    return False
-
-
-def _invisible_after(nodes, i, o, root, roots, input_roots, outputs) -> bool:
-    """Whether memory ``root`` is a region temporary that no one reads after node ``i``
-    other than through ``o``, the write's own result (which becomes the stored value)."""
-    if id(root) in input_roots or any(roots.get(id(v), v) is root for v in outputs):
-        return False
-    return not any(v is not o and roots.get(id(v), v) is root for n in nodes[i + 1 :] for v in n.inputs())

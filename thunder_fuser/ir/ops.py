@@ -25,6 +25,8 @@ CAST = ("convert_element_type",)
 CREATION = ("full", "iota")
 VIEW = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy")
 RESIZE = ("slice_prim", "cat", "pad")
+# ops that only re-describe their operand's memory: torch may return a view of it
+METADATA = VIEW + ("slice_prim",)
 REDUCTION = ("sum", "amax", "amin", "prod", "var", "var_mean")
 WRITE = ("copy_", "copy_to_out_")
 ALIAS = ("update_aliases",)

@@ -112,7 +112,6 @@ class Region:
     notes: list[str] = field(default_factory=list)
     grad_enabled: bool = False  # the user's grad mode when thunder traced the region
     rewritten_copies: set[str] = field(default_factory=set)  # trace names of copy_ now copy_to_out_
-    original_names: dict[str, str] = field(default_factory=dict)  # renamed value -> its subsymbol name
 
     def producers(self) -> dict[int, Node]:
         return {id(o): n for n in self.nodes for o in n.outputs}

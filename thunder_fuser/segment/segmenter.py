@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from thunder_fuser.ir.ops import kind_of, reduction_dims
+from thunder_fuser.ir.ops import METADATA, kind_of, reduction_dims
 from thunder_fuser.ir.region import Node, Region, Value
 from thunder_fuser.segment.domains import iteration_domains
 from thunder_fuser.segment.hazards import WriteHazards
@@ -72,7 +72,7 @@ def _node_what(node: Node, dom) -> str:
     return f"{node.op} over {dom}"
 
 
-def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent: bool, region_reads_reduced: bool) -> str | None:
+def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent: bool) -> str | None:
     """None when ``node`` (of family ``k``) can join ``seg`` under one kernel template, else
     the reason. ``dependent``: ``seg`` produces one of ``node``'s inputs."""
     if seg.kind in ("alias", "reference"):
@@ -151,9 +151,7 @@ def _choose(node, k, dom, latest, segments, barrier, hazards, seg_of):
     cands = segments[lo:] if latest is not None else segments[lo:][::-1]
     first_reason = None
     for seg in cands[:_WINDOW]:
-        dependent = seg is latest
-        reads_reduced = any(id(v) in seg.reduced_values for v in node.inputs())
-        reason = _try_join(seg, node, k, dom, dependent, reads_reduced)
+        reason = _try_join(seg, node, k, dom, seg is latest)
         if reason is None:
             reason = hazards.conflict(node, seg, seg_of)
         if reason is None:
@@ -186,7 +184,6 @@ def segment_region(region: Region) -> list[Segment]:
         k = seg_kind(node)
         producer_segs = [seg_of[id(v)] for v in node.inputs() if id(v) in seg_of]
         latest = max(producer_segs, key=lambda s: s.index) if producer_segs else None
-        dependent = latest is not None
         target, reason = None, None
         if k == "alias":
             reason = "update_aliases orders reads of views after in-place writes"
@@ -228,9 +225,6 @@ def _add(seg: Segment, node: Node, d) -> None:
     seg.reads.update(id(v) for v in node.inputs())
 
 
-_METADATA_OPS = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy", "slice_prim")
-
-
 def _finish(region: Region, segments: list[Segment], seg_of: dict[int, Segment]) -> None:
     """Fill each segment's inputs (read from outside it) and outputs (read after it).
 
@@ -240,7 +234,7 @@ def _finish(region: Region, segments: list[Segment], seg_of: dict[int, Segment])
     producer's true layout and nothing is copied.
     """
     for seg in segments:
-        if seg.kind in ("pointwise", "resize") and all(n.op in _METADATA_OPS for n in seg.nodes):
+        if seg.kind in ("pointwise", "resize") and all(n.op in METADATA for n in seg.nodes):
             seg.kind = "view"
     region_out = {id(v) for v in region.outputs}
     read_later: dict[int, set[int]] = {}
