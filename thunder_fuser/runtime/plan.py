@@ -14,9 +14,14 @@ import torch
 
 from thunder_fuser import debug
 from thunder_fuser.backends import reference
+from thunder_fuser.kernels.backend import KERNEL_KINDS, _device_of, kernel_mode, warn_fallback
+from thunder_fuser.kernels.expr import Unsupported
+from thunder_fuser.kernels.segment_kernel import SegmentKernel
 from thunder_fuser.ir.region import Region, Value
 from thunder_fuser.layout import dim_provenance, infer_allocation_orders, stride_order, strides_for_order
 from thunder_fuser.segment import Segment, schedule_segments
+
+_UNSET = object()
 
 _OVERLAP_MSG = (
     "unsupported operation: more than one element of the written-to tensor refers to a single memory "
@@ -73,6 +78,25 @@ class Plan:
     out_strides: list = field(default_factory=list)
     written_inputs: tuple[int, ...] = ()
     schedule: object = None  # computed once per plan, not per call
+    kernels: dict = field(default_factory=dict)  # segment index -> SegmentKernel, or None: reference
+
+    def _kernel_for(self, seg: Segment, env):
+        """Build the segment's kernel at the plan's first call, when every tensor it reads
+        exists; a segment no template can run is recorded as ``reference``."""
+        k = None
+        mode = kernel_mode(env, self.region)
+        if mode is not None and seg.kind in KERNEL_KINDS:
+            try:
+                k = SegmentKernel(seg, self.orders, mode)
+                k.prepare(env, _device_of(env, self.region))
+            except Exception as e:  # noqa: BLE001 - any failure must fall back, never fail the call
+                k = None
+                self.kinds[seg.index] = "reference"
+                reason = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {str(e)[:300]}"
+                if mode == "cute":
+                    warn_fallback(self.region.name, seg, reason)
+        self.kernels[seg.index] = k
+        return k
 
     def run(self, args):
         if self.error is not None:
@@ -88,8 +112,13 @@ class Plan:
                     )
         env: dict[int, object] = {id(v): a for v, a in zip(region.inputs, args)}
         sched = self.schedule
+        kernels = self.kernels
         for seg in sched.order:
-            reference.run_nodes(seg.nodes, env)
+            k = kernels.get(seg.index, _UNSET)
+            if k is _UNSET:
+                k = self._kernel_for(seg, env)
+            if k is None or not k.run(env):
+                reference.run_nodes(seg.nodes, env)
             for v in sched.free_after.get(seg.index, ()):
                 env.pop(id(v), None)
         results = []

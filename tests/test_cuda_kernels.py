@@ -1,0 +1,105 @@
+"""Generated CuTe DSL kernels against eager on the GPU (marked ``cuda``; skipped without one).
+
+Every fresh output starts as NaN (``segment_kernel.FILL_NAN``), so an element a kernel fails
+to write fails the comparison. Each test also asserts which segments ran a kernel: a
+silent fallback to the reference backend would otherwise pass unnoticed.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
+from helpers import check_vs_eager
+from thunder_fuser.kernels import segment_kernel
+from thunder_fuser.kernels.backend import KernelFallbackWarning
+
+pytestmark = pytest.mark.cuda
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(autouse=True)
+def nan_outputs(monkeypatch):
+    monkeypatch.setattr(segment_kernel, "FILL_NAN", True)
+
+
+def _randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+def run_without_fallback(fn, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        return check_vs_eager(fn, *args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [4096, 4097, 8])
+def test_pointwise_with_broadcast_bias(dtype, n):
+    run_without_fallback(gelu_bias, _randn(33, n, dtype=dtype), _randn(n, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pointwise_input_whose_fastest_dim_differs_and_casts(dtype):
+    def f(a, b, c):
+        return (a.float() * b + torch.exp(c)).to(dtype), (a > 0).to(torch.float32) * c
+
+    a = _randn(300, 257, dtype=dtype).t()  # [257, 300], fastest dim 0
+    b = _randn(257, 1)  # broadcast along dim 1
+    c = _randn(257, 300)
+    run_without_fallback(f, a, b, c)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [128, 4096, 4097, 16384])
+def test_row_kernels(dtype, n):
+    x, w, b = _randn(37, n, dtype=dtype), _randn(n, dtype=dtype), _randn(n, dtype=dtype)
+    run_without_fallback(softmax, x)
+    run_without_fallback(rmsnorm, x, w)
+    run_without_fallback(layernorm, x, w, b)
+
+
+def test_row_reductions_sum_max_min_mean_var():
+    def f(x):
+        return x.sum(-1), x.amax(-1), x.amin(-1), x.mean(-1, keepdim=True), x.var(-1)
+
+    run_without_fallback(f, _randn(65, 1000))
+    run_without_fallback(f, _randn(3, 5, 77).transpose(0, 1))
+
+
+def test_layernorm_backward_on_kernels():
+    import thunder
+
+    from thunder_fuser import fuser_ex
+
+    x, w, b = (_randn(*s).requires_grad_() for s in [(64, 4096), (4096,), (4096,)])
+    out = thunder.jit(layernorm, executors=[fuser_ex])(x, w, b)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    layernorm(*ref).backward(grad)
+    for t, r in zip((x, w, b), ref):
+        torch.testing.assert_close(t.grad, r.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_resize_rotate_half_and_rope(dtype):
+    run_without_fallback(rotate_half_residual, _randn(2, 4, 33, 128, dtype=dtype))
+    q = _randn(2, 64, 32, 128, dtype=dtype).transpose(1, 2)  # [b, h, s, d] laid out as [b, s, h, d]
+    k = _randn(2, 64, 8, 128, dtype=dtype).transpose(1, 2)
+    run_without_fallback(rope, q, k, _randn(64, 128, dtype=dtype), _randn(64, 128, dtype=dtype))
+
+
+def test_slice_cat_pad_innermost():
+    def f(x, y):
+        z = torch.cat((x[..., 2:10], y, x[..., :4]), -1)
+        return torch.nn.functional.pad(z * 2, (4, 4), value=1.5)
+
+    run_without_fallback(f, _randn(7, 16), _randn(7, 4))
+
+
+def test_copy_to_out_writes_in_place():
+    args = [[_randn(s) for s in [(4097,), (64, 129)]] for _ in range(4)]
+    args[3] = [a.abs() for a in args[3]]
+    run_without_fallback(adam_step, *args)

@@ -1,0 +1,66 @@
+"""Which segments run generated kernels, and the one warning when one cannot.
+
+``THUNDER_FUSER_KERNELS`` chooses: ``auto`` (default: CuTe DSL kernels for CUDA tensors when
+``nvidia-cutlass-dsl`` imports, the reference backend otherwise), ``cute``, ``torch`` (run
+lowered programs with torch on any device: the CPU check of lowering and geometry) or
+``off`` (reference backend everywhere).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+KERNEL_KINDS = ("pointwise", "transpose", "resize", "reduction", "normalization")
+_warned: set = set()
+_cute_ok: bool | None = None
+
+
+def _device_of(env, region):
+    for v in region.inputs:
+        t = env.get(id(v))
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return None
+
+
+def cute_available() -> bool:
+    global _cute_ok
+    if _cute_ok is None:
+        try:
+            import cutlass.cute  # noqa: F401
+
+            _cute_ok = True
+        except Exception:  # noqa: BLE001
+            _cute_ok = False
+    return _cute_ok
+
+
+def kernel_mode(env, region) -> str | None:
+    choice = os.environ.get("THUNDER_FUSER_KERNELS", "auto")
+    if choice == "off":
+        return None
+    if choice == "torch":
+        return "torch"
+    dev = _device_of(env, region)
+    if dev is not None and dev.type == "cuda" and (choice == "cute" or cute_available()):
+        return "cute"
+    return None
+
+
+class KernelFallbackWarning(UserWarning):
+    """A segment runs on the reference backend because no kernel could be generated."""
+
+
+def warn_fallback(region_name: str, seg, reason: str) -> None:
+    key = (region_name, seg.index, reason)
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(
+        f"thunder_fuser: {region_name} segment {seg.index} ({seg.describe()}) runs on the reference backend: {reason}",
+        KernelFallbackWarning,
+        stacklevel=3,
+    )

@@ -1,0 +1,97 @@
+"""Compiled kernels, cached in process and on disk.
+
+The key is (program text, geometry signature, GPU arch): dtypes, which strides are 0 or 1,
+vector width and row tiling are in the signature; extents and other strides are symbolic,
+so one kernel serves every size that shares them.
+
+On disk, a kernel is the object file ``export_to_c`` writes, loaded back with
+``cute.runtime.load_module`` (no compiler run). The directory name fingerprints our
+package, cutlass and Python, so an upgrade never loads a stale kernel. Two processes may
+compile the same kernel at once: each writes a private temporary file and renames it into
+place, which is atomic, so a reader sees a whole file or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_memory: dict[str, object] = {}
+stats = {"compiled": 0, "loaded": 0, "hits": 0, "compile_s": 0.0, "load_s": 0.0}
+
+
+def fingerprint() -> str:
+    import cutlass
+
+    import thunder_fuser
+
+    here = Path(__file__).parent
+    h = hashlib.sha256()
+    for f in sorted(here.glob("*.py")):
+        h.update(f.read_bytes())
+    h.update(getattr(thunder_fuser, "__version__", "0").encode())
+    h.update(getattr(cutlass, "__version__", "?").encode())
+    h.update(sys.version.encode())
+    return h.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("THUNDER_FUSER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "thunder_fuser")
+    return Path(root) / fingerprint()
+
+
+def key_digest(key) -> str:
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+
+
+def get_or_compile(key, build):
+    """The callable for ``key``: from memory, from disk, or ``build()`` (which returns a
+    compiled TVM-FFI function) then exported to disk."""
+    digest = key_digest(key)
+    fn = _memory.get(digest)
+    if fn is not None:
+        stats["hits"] += 1
+        return fn
+    name = f"tf_{digest}"
+    path = cache_dir() / f"{name}.o"
+    if path.exists() and os.environ.get("THUNDER_FUSER_DISK_CACHE", "1") != "0":
+        t0 = time.perf_counter()
+        try:
+            from cutlass import cute
+
+            fn = getattr(cute.runtime.load_module(str(path), enable_tvm_ffi=True), name)
+            stats["loaded"] += 1
+            stats["load_s"] += time.perf_counter() - t0
+        except Exception:  # a truncated or foreign file: compile afresh
+            fn = None
+    if fn is None:
+        t0 = time.perf_counter()
+        compiled = build()
+        stats["compiled"] += 1
+        stats["compile_s"] += time.perf_counter() - t0
+        _export(compiled, path, name)
+        fn = compiled
+    _memory[digest] = fn
+    return fn
+
+
+def _export(compiled, path: Path, name: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".o", dir=path.parent)
+        os.close(fd)
+        compiled.export_to_c(tmp, function_name=name)
+        os.replace(tmp, path)
+    except Exception:  # a read-only home must not stop the kernel from running
+        try:
+            os.unlink(tmp)
+        except Exception:
+            pass
+
+
+def clear_memory() -> None:
+    _memory.clear()

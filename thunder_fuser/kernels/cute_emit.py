@@ -1,0 +1,543 @@
+"""CuTe DSL kernels built from a lowered program: the pointwise and the persistent-row family.
+
+CuTe DSL traces Python, so a kernel here is a closure over the program: while CuTe traces
+the ``@cute.kernel`` body, plain Python walks the expression tree and emits one vector op
+per node (the tree is unrolled at trace time; nothing of it exists at run time). Only the
+few helpers that branch on run-time values are ``@cute.jit`` (the DSL rewrites their
+``if``), and they live in this real source file, as CuTe DSL requires.
+
+Operands arrive as ``[outer dims innermost-first..., N]`` (see ``geometry.py``) and are
+viewed here as 2-D ``(M, N)`` with a hierarchical first mode, so one linear row index ``m``
+addresses any number of outer dims, each with its own stride.
+
+* pointwise: one thread per vector of ``V`` elements along ``N``: 128-bit loads and stores
+  for stride-1 operands, one scalar load for stride-0 (broadcast) operands, ``V`` scalar
+  loads for any other stride (an input whose fastest dim is not the output's). Without
+  outer dims a ragged ``N`` predicates the last vector, element by element.
+* rows (reduction, normalization): ``row_threads`` threads hold a whole row in registers
+  (``row_vectors`` vectors each), reduce thread -> warp (shuffles) -> block (shared
+  memory), and the epilogue reuses the registers: one read and one write per element.
+  Several rows share a block when a row needs fewer than 32 threads.
+
+Math on fp16/bf16 values runs in fp32 and rounds once per stored value.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_tensor
+
+from thunder_fuser.kernels.expr import Load, Op, Program, Reduce, Select, Unsupported, is_row
+from thunder_fuser.kernels.geometry import Geometry
+
+DTYPES = {
+    torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
+    torch.float64: cutlass.Float64, torch.bool: cutlass.Boolean, torch.int8: cutlass.Int8,
+    torch.uint8: cutlass.Uint8, torch.int16: cutlass.Int16, torch.int32: cutlass.Int32,
+    torch.int64: cutlass.Int64,
+}
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+POINTWISE_THREADS = 256
+
+
+def cute_dtype(dt):
+    if dt in DTYPES:
+        return DTYPES[dt]
+    raise Unsupported(f"dtype {dt}")
+
+
+# ---- value math -------------------------------------------------------------------------
+
+def _compute_dtype(dt):
+    return torch.float32 if dt in LOW_PRECISION else dt
+
+
+def _cast(x, dt):
+    if isinstance(x, (bool, int, float)):
+        return x if dt.is_floating_point or dt == torch.bool else int(x)
+    return x.to(cute_dtype(dt))
+
+
+def _maximum(a, b):
+    return cute.where(a != a, a, cute.where(a > b, a, b))
+
+
+def _minimum(a, b):
+    return cute.where(a != a, a, cute.where(a < b, a, b))
+
+
+def _pow(a, b):
+    if isinstance(b, (int, float)):
+        if b == 2:
+            return a * a
+        if b == 1:
+            return a
+        if b == 0.5:
+            return cute.math.sqrt(a)
+        if b == 3:
+            return a * a * a
+    return cute.math.pow(a, b)
+
+
+UNARY_MATH = {
+    "exp": cute.math.exp, "exp2": cute.math.exp2, "expm1": cute.math.expm1, "log": cute.math.log,
+    "log1p": cute.math.log1p, "log2": cute.math.log2, "log10": cute.math.log10,
+    "tanh": cute.math.tanh, "erf": cute.math.erf, "erfc": cute.math.erfc,
+    "rsqrt": cute.math.rsqrt, "sqrt": cute.math.sqrt, "sin": cute.math.sin, "cos": cute.math.cos,
+    "tan": cute.math.tan, "sinh": cute.math.sinh, "cosh": cute.math.cosh, "asin": cute.math.asin,
+    "acos": cute.math.acos, "atan": cute.math.atan, "asinh": cute.math.asinh,
+    "acosh": cute.math.acosh, "atanh": cute.math.atanh, "floor": cute.math.floor,
+    "ceil": cute.math.ceil, "trunc": cute.math.trunc, "round": cute.math.roundeven,
+    "abs": cute.math.abs, "neg": operator.neg, "reciprocal": lambda a: 1.0 / a,
+}
+BINARY_MATH = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
+    "pow": _pow, "maximum": _maximum, "minimum": _minimum, "atan2": cute.math.atan2,
+}
+COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+           "gt": operator.gt, "ge": operator.ge}
+
+
+def apply_op(e: Op, args, arg_dtypes):
+    """One node of the tree on vectors (or row scalars); ``arg_dtypes`` are torch dtypes."""
+    op, out = e.op, e.dtype
+    if op == "convert_element_type":
+        return _cast(args[0], out)
+    if op in UNARY_MATH:
+        if not out.is_floating_point and op not in ("neg", "abs"):
+            raise Unsupported(f"{op} on {out}")
+        cd = _compute_dtype(out)
+        return _cast(UNARY_MATH[op](_cast(args[0], cd)), out)
+    if op in BINARY_MATH:
+        if op == "div" and not out.is_floating_point:
+            raise Unsupported("integer division")
+        cd = _compute_dtype(out)
+        return _cast(BINARY_MATH[op](_cast(args[0], cd), _cast(args[1], cd)), out)
+    if op in COMPARE:
+        tensor_dts = [d for d in arg_dtypes if isinstance(d, torch.dtype)]
+        cd = tensor_dts[0]
+        for d in tensor_dts[1:]:
+            cd = torch.promote_types(cd, d)
+        cd = _compute_dtype(cd)
+        return COMPARE[op](_cast(args[0], cd), _cast(args[1], cd))
+    if op == "where":
+        cd = _compute_dtype(out)
+        return _cast(cute.where(args[0], _cast(args[1], cd), _cast(args[2], cd)), out)
+    if op == "lerp":
+        cd = _compute_dtype(out)
+        a, b, w = (_cast(x, cd) for x in args)
+        return _cast(a + w * (b - a), out)
+    if op == "isfinite":
+        a = _cast(args[0], torch.float32)
+        return cute.math.isfinite(a)
+    raise Unsupported(f"no kernel code for {op}")
+
+
+def dtype_of(e):
+    if isinstance(e, Load):
+        return e.source.dtype
+    if isinstance(e, (bool, int, float)):
+        return type(e)
+    return e.dtype
+
+
+class Evaluator:
+    """Evaluates expressions for one vector (``load`` gives a leaf's vector); row results
+    come from ``row_value`` (shared by every chunk of a row)."""
+
+    def __init__(self, load, row_value, select):
+        self.load, self.row_value, self.select = load, row_value, select
+        self.memo: dict[int, object] = {}
+
+    def ev(self, e):
+        if isinstance(e, (bool, int, float)):
+            return e
+        r = self.memo.get(id(e))
+        if r is not None:
+            return r
+        if isinstance(e, Load):
+            r = self.load(e)
+        elif isinstance(e, Reduce):
+            r = self.row_value(e)
+        elif isinstance(e, Op):
+            r = apply_op(e, [self.ev(a) for a in e.args], [dtype_of(a) for a in e.args])
+        elif isinstance(e, Select):
+            r = self.select(e, [self.ev(p) for p in e.pieces])
+        else:
+            raise Unsupported(f"cannot evaluate {e!r}")
+        self.memo[id(e)] = r
+        return r
+
+
+# ---- run-time branches (the DSL rewrites control flow only in jit functions) -----------
+
+@cute.jit
+def _copy_if(src: cute.Tensor, dst: cute.Tensor, pred: cutlass.Boolean):
+    if pred:
+        cute.autovec_copy(src, dst)
+
+
+@cute.jit
+def _gather_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
+    for k in cutlass.range_constexpr(width):
+        if pred and n0 + k < limit:
+            frag[k] = t2[(m, n0 + k)]
+
+
+@cute.jit
+def _scatter_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
+    for k in cutlass.range_constexpr(width):
+        if pred and n0 + k < limit:
+            t2[(m, n0 + k)] = frag[k]
+
+
+@cute.jit
+def _store_if_full(frag: cute.Tensor, tile: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean,
+                   width: cutlass.Constexpr):
+    if pred and n0 + width <= limit:
+        cute.autovec_copy(frag, tile)
+    else:
+        for k in cutlass.range_constexpr(width):
+            if pred and n0 + k < limit:
+                t2[(m, n0 + k)] = frag[k]
+
+
+@cute.jit
+def _load_if_full(frag: cute.Tensor, tile: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean,
+                  width: cutlass.Constexpr):
+    if pred and n0 + width <= limit:
+        cute.autovec_copy(tile, frag)
+    else:
+        for k in cutlass.range_constexpr(width):
+            if pred and n0 + k < limit:
+                frag[k] = t2[(m, n0 + k)]
+
+
+@cute.jit
+def _put_if(frag: cute.Tensor, value, pred: cutlass.Boolean):
+    if pred:
+        frag.store(value)
+
+
+@cute.jit
+def _store_scalar_if(t2: cute.Tensor, m, value, pred: cutlass.Boolean):
+    if pred:
+        t2[(m, 0)] = value
+
+
+@cute.jit
+def _block_reduce(val, acc: cute.Tensor, tidx, warps: cutlass.Constexpr, combine: cutlass.Constexpr,
+                  identity: cutlass.Constexpr):
+    warp = tidx // 32
+    lane = tidx % 32
+    if lane == 0:
+        acc[warp] = val
+    cute.arch.sync_threads()
+    if warp == 0:
+        v = acc[lane] if lane < warps else cutlass.Float32(identity)
+        v = cute.arch.warp_reduction(v, combine)
+        if lane == 0:
+            acc[warps] = v
+    cute.arch.sync_threads()
+    return acc[warps]
+
+
+# ---- shared pieces ------------------------------------------------------------------------
+
+def _as_2d(t: cute.Tensor, rank: int) -> cute.Tensor:
+    if rank == 1:
+        return cute.make_tensor(t.iterator, cute.make_layout((1, t.shape[0]), stride=(0, t.stride[0])))
+    if rank == 2:
+        return t
+    return cute.group_modes(t, 0, rank - 1)
+
+
+def fake_operands(geo: Geometry):
+    """Fake tensors with symbolic extents and strides: only what the signature fixes is
+    static (strides 0 and 1, piece extents)."""
+    outer = [cute.sym_int32() for _ in geo.outer]
+    n_div = 1 if geo.tail else geo.vector
+    n = cute.sym_int32(divisibility=n_div)
+    fakes = []
+    for o in geo.operands:
+        shape = list(reversed(outer)) + [n if o.shape[-1] == geo.n else o.shape[-1]]
+        if not geo.outer:
+            shape = [shape[-1]]
+        vec = o.inner_mode == "vec"
+        strides = []
+        for s in (o.stride[:-1] if geo.outer else ()):
+            strides.append(0 if s == 0 else cute.sym_int64(divisibility=geo.vector if vec else 1))
+        strides.append(1 if vec else (0 if o.inner_mode == "bcast" else cute.sym_int64()))
+        align = min(16, geo.vector * o.dtype.itemsize) if vec else o.dtype.itemsize
+        fakes.append(make_fake_tensor(cute_dtype(o.dtype), tuple(shape), tuple(strides), assumed_align=align))
+    return tuple(fakes)
+
+
+def _mode(o, V) -> str:
+    """How a thread reads its ``V`` elements of operand ``o``: one vector access (stride 1),
+    one element for all (stride 0), or ``V`` element accesses."""
+    mode = o.inner_mode
+    return "gather" if mode == "vec" and V == 1 else mode
+
+
+def _frag(shape, dt):
+    return cute.make_rmem_tensor(shape, cute_dtype(dt))
+
+
+# ---- pointwise ---------------------------------------------------------------------------
+
+def build_pointwise(prog: Program, geo: Geometry):
+    V, T = geo.vector, POINTWISE_THREADS
+    rank = len(geo.outer) + 1
+    ops = geo.operands
+    ref_slot = geo.store_slot[0]
+
+    def body(t2s, tvs, m, j, N, row_ok):
+        n0 = j * V
+        loaded = {}
+
+        def load(ld: Load):
+            slot = geo.load_slot[id(ld)]
+            if slot in loaded:
+                return loaded[slot]
+            o = ops[slot]
+            t2 = t2s[slot]
+            frag = _frag((1, V), o.dtype)
+            frag.fill(0)
+            mode = _mode(o, V)
+            if mode == "bcast":
+                one = _frag((1, 1), o.dtype)
+                one.fill(0)
+                _gather_if(one, t2, m, 0, 1, row_ok, 1)
+                val = one.load().broadcast_to((1, V)) if V > 1 else one.load()
+            else:
+                shift = ld.shift
+                if shift is not None:
+                    ext = o.shape[-1]
+                    pred = row_ok & (n0 >= shift) & (n0 < shift + ext)
+                    if mode == "vec":
+                        _copy_if(tvs[slot][(None, (m, j - shift // V))], frag, pred)
+                    else:
+                        _gather_if(frag, t2, m, n0 - shift, ext, pred, V)
+                elif mode == "vec" and not geo.tail:
+                    _copy_if(tvs[slot][(None, (m, j))], frag, row_ok)
+                elif mode == "vec":
+                    _load_if_full(frag, tvs[slot][(None, (m, j))], t2, m, n0, N, row_ok, V)
+                else:
+                    _gather_if(frag, t2, m, n0, N, row_ok, V)
+                val = frag.load()
+            loaded[slot] = val
+            return val
+
+        def select(e: Select, pieces):
+            out = _frag((1, V), e.dtype)
+            out.fill(e.fill)
+            for p, lo, hi in zip(pieces, e.bounds, e.bounds[1:]):
+                _put_if(out, _vector(p, V, e.dtype), (n0 >= lo) & (n0 < hi))
+            return out.load()
+
+        ev = Evaluator(load, None, select)
+        for st, slot in zip(prog.stores, geo.store_slot):
+            o = ops[slot]
+            val = _vector(ev.ev(st.expr), V, o.dtype)
+            frag = _frag((1, V), o.dtype)
+            frag.store(val)
+            if _mode(o, V) == "vec" and not geo.tail:
+                _copy_if(frag, tvs[slot][(None, (m, j))], row_ok)
+            elif _mode(o, V) == "vec":
+                _store_if_full(frag, tvs[slot][(None, (m, j))], t2s[slot], m, n0, N, row_ok, V)
+            else:
+                _scatter_if(frag, t2s[slot], m, n0, N, row_ok, V)
+
+    @cute.kernel
+    def kernel(t2s, tvs, M: cutlass.Int32, N: cutlass.Int32, nvec: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lin = bidx * T + tidx
+        m = lin // nvec
+        j = lin - m * nvec
+        body(t2s, tvs, m, j, N, m < M)
+
+    @cute.jit
+    def launch(ts, stream):
+        t2s = tuple(_as_2d(t, rank) for t in ts)
+        tvs = tuple(cute.zipped_divide(t, (1, V)) for t in t2s)
+        ref = t2s[ref_slot]
+        M = cute.size(ref, mode=[0])
+        N = cute.size(ref, mode=[1])
+        nvec = (N + V - 1) // V
+        blocks = (M * nvec + T - 1) // T
+        kernel(t2s, tvs, M, N, nvec).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)
+
+    return launch
+
+
+def _vector(x, V, dt):
+    """``x`` as a ``(1, V)`` vector of ``dt`` (row scalars and numbers are broadcast)."""
+    if isinstance(x, (bool, int, float)):
+        return cute.full((1, V), x, cute_dtype(dt))
+    if isinstance(x, cute.TensorSSA):
+        return _cast(x, dt)
+    return cute.full((1, V), _cast(x, dt), cute_dtype(dt))
+
+
+# ---- persistent rows ---------------------------------------------------------------------
+
+_REDUCE = {
+    "sum": (cute.ReductionOp.ADD, operator.add, 0.0),
+    "amax": (cute.ReductionOp.MAX, lambda a, b: cute.arch.fmax(a, b), -math.inf),
+    "amin": (cute.ReductionOp.MIN, lambda a, b: cutlass.min(a, b), math.inf),
+}
+
+
+def build_rows(prog: Program, geo: Geometry):
+    V, K, Tr = geo.vector, geo.row_vectors, geo.row_threads
+    T = max(Tr, 128)
+    rows_per_block = T // Tr
+    warps = T // 32
+    rank = len(geo.outer) + 1
+    ops = geo.operands
+    ref_slot = next((s for s, st in zip(geo.store_slot, prog.stores) if not st.is_row), geo.store_slot[0])
+    n_reductions = _count_reductions(prog)
+
+    def body(t2s, tvs, m, rt, tidx, N, row_ok, accs):
+        nvec = N // V
+        chunk_ok = [row_ok & (rt + c * Tr < nvec) for c in range(K)]
+        loaded = {}
+        row_cache: dict = {}
+        acc_iter = iter(accs)
+
+        def load_chunk(c):
+            def load(ld: Load):
+                slot = geo.load_slot[id(ld)]
+                key = (slot, c)
+                if key in loaded:
+                    return loaded[key]
+                o = ops[slot]
+                if _mode(o, V) == "bcast":
+                    if (slot, -1) not in loaded:
+                        one = _frag((1, 1), o.dtype)
+                        one.fill(0)
+                        _gather_if(one, t2s[slot], m, 0, 1, row_ok, 1)
+                        loaded[(slot, -1)] = one.load().broadcast_to((1, V)) if V > 1 else one.load()
+                    val = loaded[(slot, -1)]
+                else:
+                    frag = _frag((1, V), o.dtype)
+                    frag.fill(0)
+                    j = rt + c * Tr
+                    if _mode(o, V) == "vec":
+                        _copy_if(tvs[slot][(None, (m, j))], frag, chunk_ok[c])
+                    else:
+                        _gather_if(frag, t2s[slot], m, j * V, N, chunk_ok[c], V)
+                    val = frag.load()
+                loaded[key] = val
+                return val
+            return load
+
+        chunks = []
+
+        def row_value(e: Reduce):
+            if id(e) in row_cache:
+                return row_cache[id(e)]
+            if e.op in ("mean", "var"):
+                total = _row_reduce("sum", [_cast(ch.ev(e.arg), torch.float32) for ch in chunks])
+                mean = total / N.to(cutlass.Float32)
+                if e.op == "mean":
+                    r = mean
+                else:
+                    sq = [_cast(ch.ev(e.arg), torch.float32) - mean for ch in chunks]
+                    r = _row_reduce("sum", [d * d for d in sq]) / (N.to(cutlass.Float32) - e.correction)
+            else:
+                r = _row_reduce(e.op, [_cast(ch.ev(e.arg), torch.float32) for ch in chunks])
+            r = _cast(r, e.dtype) if e.dtype != torch.float32 else r
+            row_cache[id(e)] = r
+            return r
+
+        def _row_reduce(op, vectors):
+            red_op, combine, identity = _REDUCE[op]
+            part = cutlass.Float32(identity)
+            for c, v in enumerate(vectors):
+                r = v.reduce(red_op, identity, 0)
+                part = combine(part, cutlass.Float32(cutlass.select_(chunk_ok[c], r, cutlass.Float32(identity))))
+            part = cute.arch.warp_reduction(part, combine, threads_in_group=min(Tr, 32))
+            if Tr > 32:
+                part = _block_reduce(part, next(acc_iter), tidx, warps, combine, identity)
+            return part
+
+        def no_select(e, pieces):
+            raise Unsupported("cat/pad in a row kernel")
+
+        for c in range(K):
+            chunks.append(Evaluator(load_chunk(c), row_value, no_select))
+        for st, slot in zip(prog.stores, geo.store_slot):
+            o = ops[slot]
+            if st.is_row:
+                val = chunks[0].ev(st.expr)
+                if isinstance(val, cute.TensorSSA):
+                    raise Unsupported("a row result that is a vector")
+                _store_scalar_if(t2s[slot], m, _cast(val, o.dtype) if not isinstance(val, (int, float)) else val,
+                                 row_ok & (rt == 0))
+                continue
+            for c in range(K):
+                frag = _frag((1, V), o.dtype)
+                frag.store(_vector(chunks[c].ev(st.expr), V, o.dtype))
+                j = rt + c * Tr
+                if _mode(o, V) == "vec":
+                    _copy_if(frag, tvs[slot][(None, (m, j))], chunk_ok[c])
+                else:
+                    _scatter_if(frag, t2s[slot], m, j * V, N, chunk_ok[c], V)
+
+    @cute.kernel
+    def kernel(t2s, tvs, M: cutlass.Int32, N: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        m = bidx * rows_per_block + tidx // Tr
+        rt = tidx % Tr
+        body(t2s, tvs, m, rt, tidx, N, m < M, _shared_accumulators(Tr, warps, n_reductions))
+
+    @cute.jit
+    def launch(ts, stream):
+        t2s = tuple(_as_2d(t, rank) for t in ts)
+        tvs = tuple(cute.zipped_divide(t, (1, V)) for t in t2s)
+        ref = t2s[ref_slot]
+        M = cute.size(ref, mode=[0])
+        N = cute.size(ref, mode=[1])
+        blocks = (M + rows_per_block - 1) // rows_per_block
+        kernel(t2s, tvs, M, N).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)
+
+    return launch
+
+
+def _shared_accumulators(Tr, warps, count):
+    if Tr <= 32:
+        return []
+    smem = cutlass.utils.SmemAllocator()
+    return [smem.allocate_tensor(cutlass.Float32, warps + 1) for _ in range(count)]
+
+
+def _count_reductions(prog: Program) -> int:
+    found = set()
+
+    def walk(e):
+        if isinstance(e, Reduce):
+            if id(e) not in found:
+                found.add(id(e))
+                walk(e.arg)
+        elif isinstance(e, Op):
+            for a in e.args:
+                walk(a)
+
+    for s in prog.stores:
+        walk(s.expr)
+    # var needs two block reductions (sum, then squared deviations), mean one
+    return 2 * len(found) + 1
+
+
+def build_launch(prog: Program, geo: Geometry):
+    return build_rows(prog, geo) if prog.family == "rows" else build_pointwise(prog, geo)

@@ -1,0 +1,331 @@
+"""A segment as one expression per stored value: what a generated kernel computes.
+
+Every kernel family reads and writes *operands*: strided views of tensors over the
+segment's iteration domain. Lowering pushes each view op (broadcast, reshape, permute,
+squeeze) and each slice down through the pointwise ops to the tensors it reaches, because
+pointwise ops commute with them: ``reshape(a * b) == reshape(a) * reshape(b)``. What stays
+is a tree of pointwise ops over loads, and, in row kernels, reductions whose results are one
+number per row. The kernel template then needs no index algebra at all; the strides of
+each operand carry it, and they are derived per producer-to-consumer edge (each push
+applies exactly the op on that edge), never from a global equivalence of dims.
+
+``cat`` and ``pad`` along the innermost dim become :class:`Select` (pick a piece by the
+position along that dim); each piece reads its operands shifted by the piece's start.
+
+Anything outside this vocabulary raises :class:`Unsupported` with the reason, and the
+segment runs on the reference backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from thunder_fuser.ir.ops import METADATA, POINTWISE, REDUCTION
+from thunder_fuser.ir.region import Node, Value
+from thunder_fuser.segment import Segment
+
+
+class Unsupported(Exception):
+    """The segment cannot be generated: the message is the reason a user reads."""
+
+
+@dataclass(frozen=True, eq=False)
+class Load:
+    """Read ``source`` through ``views`` (nodes applied in order, each to the previous
+    result). ``shift`` is the piece start along the domain's innermost dim (cat/pad)."""
+
+    source: Value
+    views: tuple[Node, ...] = ()
+    shift: int | None = None  # set for a read inside a cat/pad piece: the piece's start
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    op: str
+    args: tuple  # Expr or Python number
+    dtype: object  # the value's dtype as thunder inferred it
+
+
+@dataclass(frozen=True, eq=False)
+class Reduce:
+    """One number per row: ``op`` over the row of ``arg``. ``part`` picks var or mean of
+    ``var_mean``."""
+
+    op: str
+    arg: object
+    dtype: object
+    correction: float = 0.0
+    part: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Select:
+    """Along the innermost domain dim, ``pieces[i]`` covers ``[bounds[i], bounds[i+1])``;
+    elsewhere (pad) the value is ``fill``."""
+
+    pieces: tuple
+    bounds: tuple[int, ...]
+    fill: object
+    dtype: object
+
+
+@dataclass
+class Store:
+    """Write ``expr`` into ``target`` (viewed as the domain through ``views``)."""
+
+    target: Value
+    expr: object
+    views: tuple[Node, ...] = ()
+    is_row: bool = False  # one number per row (a reduction result or a function of them)
+
+
+@dataclass
+class Program:
+    family: str  # pointwise | rows
+    domain: tuple[int, ...]
+    reduced: tuple[int, ...]  # rows: dims reduced (innermost after reordering)
+    stores: list[Store]
+    loads: list[Load] = field(default_factory=list)  # distinct loads, in first-use order
+    select_dim: int | None = None  # the domain dim cat/pad select along
+
+
+def is_row(e) -> bool:
+    if isinstance(e, Reduce):
+        return True
+    if isinstance(e, Op):
+        tensors = [a for a in e.args if not _is_number(a)]
+        return bool(tensors) and all(is_row(a) for a in tensors)
+    return False
+
+
+def _is_number(a) -> bool:
+    return isinstance(a, (bool, int, float))
+
+
+_SUPPORTED_POINTWISE = frozenset(POINTWISE) - {"full", "iota"}
+_SUPPORTED_REDUCTIONS = frozenset(("sum", "amax", "amin", "var", "var_mean"))
+
+
+def lower_segment(seg: Segment) -> list[Program]:
+    """The programs of a pointwise, reduction, normalization or resize segment: one per
+    shape of the values it stores (a segment may fuse siblings of different shapes, such as
+    the RoPE of q and of k), each a kernel launch."""
+    if seg.kind in ("pointwise", "transpose", "resize"):
+        family = "pointwise"
+    elif seg.kind in ("reduction", "normalization"):
+        family = "rows"
+    else:
+        raise Unsupported(f"no kernel template for a {seg.kind} segment")
+    lw = _Lowering(seg)
+    for node in seg.nodes:
+        lw.node(node)
+    stores = []
+    for o in seg.outputs:
+        if id(o) in lw.writes:
+            continue
+        if not o.is_tensor:
+            raise Unsupported(f"output {o.name} is a number")
+        e = lw.env[id(o)]
+        stores.append(Store(o, e, is_row=is_row(e)))
+    stores.extend(lw.store_writes)
+    if family == "rows":
+        prog = Program(family, tuple(seg.domain), tuple(seg.reduced or ()), stores)
+        _collect_loads(prog)
+        if not any(s.is_row or _has_reduce(s.expr) for s in stores):
+            raise Unsupported("a row kernel with no reduction")
+        return [prog]
+    groups: dict[tuple, list[Store]] = {}
+    for st in stores:
+        groups.setdefault(tuple(st.target.shape), []).append(st)
+    progs = []
+    for shape, group in groups.items():
+        selects = any(_has_select(st.expr) for st in group)
+        prog = Program(family, shape, (), group, select_dim=len(shape) - 1 if selects else None)
+        _collect_loads(prog)
+        progs.append(prog)
+    return progs
+
+
+def _has_select(e) -> bool:
+    if isinstance(e, Select):
+        return True
+    if isinstance(e, Op):
+        return any(_has_select(a) for a in e.args)
+    return False
+
+
+def _has_reduce(e) -> bool:
+    if isinstance(e, Reduce):
+        return True
+    if isinstance(e, Op):
+        return any(_has_reduce(a) for a in e.args)
+    if isinstance(e, Select):
+        return any(_has_reduce(p) for p in e.pieces)
+    return False
+
+
+def _collect_loads(prog: Program) -> None:
+    seen: dict[int, Load] = {}
+
+    def walk(e):
+        if isinstance(e, Load):
+            seen.setdefault(id(e), e)
+        elif isinstance(e, Op):
+            for a in e.args:
+                walk(a)
+        elif isinstance(e, Reduce):
+            walk(e.arg)
+        elif isinstance(e, Select):
+            for p in e.pieces:
+                walk(p)
+
+    for s in prog.stores:
+        walk(s.expr)
+    prog.loads = list(seen.values())
+
+
+class _Lowering:
+    def __init__(self, seg: Segment):
+        self.seg = seg
+        self.env: dict[int, object] = {}
+        self.writes: set[int] = set()
+        self.store_writes: list[Store] = []
+        self._leaves: dict[int, Load] = {}
+
+    def value(self, v):
+        if not isinstance(v, Value):
+            return v
+        if id(v) in self.env:
+            return self.env[id(v)]
+        if not v.is_tensor:
+            raise Unsupported(f"{v.name} is a number known only at run time")
+        leaf = self._leaves.get(id(v))
+        if leaf is None:
+            leaf = self._leaves[id(v)] = Load(v)
+        return leaf
+
+    def node(self, node: Node) -> None:
+        op = node.op
+        out = node.outputs[0]
+        if op in METADATA:
+            self.env[id(out)] = self.view(self.value(node.args[0]), node)
+        elif op in _SUPPORTED_POINTWISE:
+            if any(isinstance(a, (tuple, list)) for a in node.args):
+                raise Unsupported(f"{op} with sequence arguments")
+            args = tuple(self.value(a) for a in node.args)
+            if op == "convert_element_type":
+                args = args[:1]
+            self.env[id(out)] = Op(op, args, out.dtype)
+        elif op in REDUCTION:
+            self.reduction(node)
+        elif op in ("cat", "pad"):
+            self.resize(node)
+        elif op == "copy_to_out_":
+            self.write(node.args[0], node.kwargs["out"], out)
+        elif op == "copy_":
+            self.write(node.args[0], node.args[1], out)
+        else:
+            raise Unsupported(f"no kernel template for {op}")
+
+    def write(self, src, dst: Value, out: Value) -> None:
+        e = self.value(src)
+        self.store_writes.append(Store(dst, e, is_row=is_row(e)))
+        self.env[id(out)] = e
+        self.writes.add(id(out))
+
+    def reduction(self, node: Node) -> None:
+        if self.seg.kind not in ("reduction", "normalization"):
+            raise Unsupported(f"{node.op} outside a row kernel")
+        if node.op not in _SUPPORTED_REDUCTIONS:
+            raise Unsupported(f"no row kernel for {node.op}")
+        dims = tuple(sorted(node.args[1]))
+        if tuple(node.args[0].shape) != tuple(self.seg.domain) or dims != tuple(self.seg.reduced):
+            raise Unsupported(f"{node.op} over {dims} of {tuple(node.args[0].shape)} is not the segment's row")
+        arg = self.value(node.args[0])
+        corr = float(node.kwargs.get("correction", 0) or 0)
+        if node.op == "var_mean":
+            self.env[id(node.outputs[0])] = Reduce("var", arg, node.outputs[0].dtype, corr)
+            self.env[id(node.outputs[1])] = Reduce("mean", arg, node.outputs[1].dtype, corr)
+        else:
+            self.env[id(node.outputs[0])] = Reduce(node.op, arg, node.outputs[0].dtype, corr)
+
+    def view(self, e, node: Node):
+        """``node`` (a view or slice) applied to expression ``e``: pushed to its loads."""
+        if _is_number(e):
+            return e
+        if isinstance(e, Load):
+            if e.shift is not None:
+                raise Unsupported(f"{node.op} of a cat/pad piece")
+            return Load(e.source, e.views + (node,))
+        if is_row(e):
+            if node.op == "slice_prim":
+                raise Unsupported("a slice of a reduction result")
+            return e  # one number per row, whatever shape it is viewed as
+        if isinstance(e, Op):
+            return Op(e.op, tuple(self.view(a, node) for a in e.args), e.dtype)
+        raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")
+
+    def resize(self, node: Node) -> None:
+        if self.seg.kind != "resize":
+            raise Unsupported(f"{node.op} outside a resize segment")
+        out = node.outputs[0]
+        d = out.ndim - 1
+        if node.op == "cat":
+            tensors, dim = node.args
+            if dim % out.ndim != d:
+                raise Unsupported("cat along a dim other than the innermost")
+            bounds, pieces, at = [0], [], 0
+            for t in tensors:
+                pieces.append(self.shifted(self.value(t), at, node))
+                at += t.shape[d]
+                bounds.append(at)
+            self.env[id(out)] = Select(tuple(pieces), tuple(bounds), 0, out.dtype)
+        else:
+            a, fill, config = node.args
+            if any(interior for _, _, interior in config) or any(lo or hi for lo, hi, _ in config[:-1]):
+                raise Unsupported("pad of a dim other than the innermost, or interior padding")
+            lo, hi, _ = config[-1]
+            if lo < 0 or hi < 0:
+                raise Unsupported("negative padding")
+            piece = self.shifted(self.value(a), lo, node)
+            self.env[id(out)] = Select((piece,), (lo, lo + a.shape[d]), fill, out.dtype)
+
+    def shifted(self, e, at: int, node: Node):
+        """``e`` read ``at`` elements further along the innermost dim (a piece of ``node``)."""
+        if _is_number(e):
+            return e
+        if isinstance(e, Load):
+            if e.shift is not None:
+                raise Unsupported("nested cat/pad")
+            return Load(e.source, e.views, at)
+        if isinstance(e, Op):
+            return Op(e.op, tuple(self.shifted(a, at, node) for a in e.args), e.dtype)
+        raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")
+
+
+def dtype_of(e):
+    if isinstance(e, Load):
+        return e.source.dtype
+    if _is_number(e):
+        return type(e)
+    return e.dtype
+
+
+def render(e) -> str:
+    """A readable form of an expression (tests and the dump read it)."""
+    if isinstance(e, Load):
+        views = "".join(f".{n.op}" for n in e.views)
+        return f"{e.source.name}{views}" + (f"<<{e.shift}" if e.shift is not None else "")
+    if isinstance(e, Op):
+        return f"{e.op}({', '.join(render(a) for a in e.args)})"
+    if isinstance(e, Reduce):
+        return f"{e.op}[row]({render(e.arg)})"
+    if isinstance(e, Select):
+        return f"select{e.bounds}({', '.join(render(p) for p in e.pieces)})"
+    return repr(e)
+
+
+TORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.bool,
+                torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)

@@ -1,0 +1,292 @@
+"""Where a program's operands live: strides over the domain, dim order, coalescing, vector width.
+
+Computed once per plan from the first call's real tensors (a plan is keyed by the input
+strides, and every intermediate's strides follow from them). The result has two halves:
+
+* the *signature*: what the compiled kernel depends on (rank after coalescing, which
+  strides are 0 or 1, vector width, row tiling). It goes into the compile key; extents and
+  other strides stay symbolic, so one kernel serves every size with that signature.
+* the *views*: per operand, the (shape, stride, offset) that presents its tensor to the
+  kernel as ``[outer dims innermost-first..., N]``. Per call that is one ``as_strided``.
+
+Dims are ordered by the first stored output's allocation order (so its innermost dim is the
+vector dim); a row kernel puts the reduced dims innermost. Adjacent dims merge when every
+operand steps through them as through one dim (the TensorIterator rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from thunder_fuser.backends.reference import REFERENCE_IMPLS
+from thunder_fuser.kernels.expr import Load, Program, Unsupported
+
+MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
+ROW_THREADS = (32, 64, 128, 256, 512, 1024)
+MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value
+
+
+@dataclass(frozen=True)
+class Operand:
+    source: int  # index into Geometry.bases
+    shape: tuple[int, ...]  # the view passed to the kernel: outer dims innermost-first, then N
+    stride: tuple[int, ...]
+    offset: int  # elements from the base tensor's own storage offset
+    is_store: bool
+    dtype: torch.dtype
+
+    @property
+    def inner_mode(self) -> str:
+        s = self.stride[-1]
+        return "vec" if s == 1 else ("bcast" if s == 0 or self.shape[-1] == 1 else "gather")
+
+
+@dataclass
+class Geometry:
+    operands: list[Operand]
+    load_slot: dict[int, int]  # id(Load) -> operand index
+    store_slot: list[int]  # per program store -> operand index
+    outer: tuple[int, ...]  # coalesced outer extents, outermost first
+    n: int  # coalesced innermost extent (the vector dim, or the row)
+    vector: int
+    tail: bool  # N % vector != 0 (only without outer dims): the last vector is predicated
+    row_threads: int = 0
+    row_vectors: int = 0
+    select_bounds: tuple = ()  # per Select, its bounds (compile-time constants)
+
+    def signature(self) -> tuple:
+        ops = tuple(
+            (str(o.dtype), o.is_store, o.inner_mode, tuple(s == 0 for s in o.stride[:-1]), o.shape[-1] if o.shape[-1] != self.n else -1)
+            for o in self.operands
+        )
+        return (len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors)
+
+
+def _view(base: torch.Tensor, views) -> torch.Tensor:
+    t = base
+    for node in views:
+        args = (t,) + tuple(node.args[1:])
+        t = REFERENCE_IMPLS[node.op](*args, **node.kwargs)
+        if t.numel() and t.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+            raise Unsupported(f"{node.op} of {views[0].args[0].name} needs a copy at these strides")
+    return t
+
+
+def _domain_view(t: torch.Tensor, domain, reduced, is_row: bool, name: str) -> torch.Tensor:
+    if tuple(t.shape) == tuple(domain):
+        return t
+    if is_row:
+        keep = tuple(1 if d in reduced else s for d, s in enumerate(domain))
+        try:
+            return t.view(keep).expand(domain)
+        except RuntimeError:
+            pass
+    elif t.numel() == _numel(domain):
+        try:
+            return t.view(domain)
+        except RuntimeError:
+            pass
+    raise Unsupported(f"{name} {tuple(t.shape)} cannot be viewed over the domain {tuple(domain)}")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _order(ref: torch.Tensor, reduced, select_dim) -> list[int]:
+    """Domain dims outermost first: by the reference operand's strides; reduced dims (rows)
+    and the select dim (cat/pad) innermost."""
+    nd = ref.ndim
+    by_stride = sorted(range(nd), key=lambda d: (-ref.stride(d) if ref.shape[d] != 1 else 0, d))
+    inner = [d for d in by_stride if d in reduced] if reduced else ([select_dim] if select_dim is not None else [])
+    return [d for d in by_stride if d not in inner] + inner
+
+
+def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], device_ok=True) -> Geometry:
+    """``env`` maps ``id(Value)`` to the segment input tensors; ``store_tensors`` are the
+    tensors each store writes (freshly allocated outputs, or the ``out`` of a write)."""
+    domain = prog.domain
+    reduced = set(prog.reduced)
+    bases: list[torch.Tensor] = []
+    views: list[tuple[torch.Tensor, bool, int]] = []  # (domain view, is_store, base index)
+
+    def base_index(t: torch.Tensor) -> int:
+        for i, b in enumerate(bases):
+            if b is t:
+                return i
+        bases.append(t)
+        return len(bases) - 1
+
+    load_view = {}
+    for ld in prog.loads:
+        base = env[id(ld.source)]
+        if not isinstance(base, torch.Tensor):
+            raise Unsupported(f"{ld.source.name} is not a tensor")
+        v = _view(base, ld.views)
+        if ld.shift is not None:
+            want = tuple(domain[:-1])
+            if tuple(v.shape[:-1]) != want:
+                raise Unsupported(f"a piece of {ld.source.name} {tuple(v.shape)} does not span the domain {domain}")
+        else:
+            v = _domain_view(v, domain, reduced, False, ld.source.name)
+        load_view[id(ld)] = (v, base_index(base))
+    store_views = []
+    for st, t in zip(prog.stores, store_tensors):
+        v = _domain_view(t, domain, reduced, st.is_row, st.target.name)
+        store_views.append((v, base_index(t)))
+
+    full_stores = [v for (v, _), st in zip(store_views, prog.stores) if not st.is_row]
+    ref = full_stores[0] if full_stores else next(iter(load_view.values()))[0]
+    if ref.ndim != len(domain):
+        ref = store_views[0][0]
+    order = _order(ref, reduced, prog.select_dim)
+    fixed_inner = len(order) - (len(reduced) if reduced else (1 if prog.select_dim is not None else 0))
+
+    all_views = [v for v, _ in load_view.values()] + [v for v, _ in store_views]
+    # drop size-1 dims, then merge neighbours every operand walks through as one dim
+    groups: list[list[int]] = []
+    for pos, d in enumerate(order):
+        if domain[d] == 1:
+            continue
+        boundary = pos == fixed_inner or (prog.select_dim is not None and d == prog.select_dim)
+        if groups and not boundary and not (prog.select_dim is not None and groups[-1][-1] == prog.select_dim):
+            a = groups[-1][-1]
+            if all(v.stride(a) == v.stride(d) * v.shape[d] for v in all_views):
+                groups[-1].append(d)
+                continue
+        groups.append([d])
+    if not groups:
+        groups = [[order[-1]]] if order else []
+    n_inner = 1
+    if reduced:
+        inner_groups = [g for g in groups if g[0] in reduced]
+        if len(inner_groups) != 1:
+            raise Unsupported(f"the reduced dims {sorted(reduced)} are not one contiguous run for every operand")
+        if groups[-1] is not inner_groups[0]:
+            raise Unsupported("the reduced dims are not innermost")
+    outer_groups, inner_group = groups[:-1] if groups else [], groups[-1] if groups else []
+
+    def coalesce(v: torch.Tensor, is_piece: bool):
+        shape, stride = [], []
+        for g in reversed(outer_groups):  # innermost-first for CuTe's colexicographic order
+            shape.append(_numel(v.shape[d] for d in g))
+            stride.append(v.stride(g[-1]))
+        if inner_group:
+            shape.append(_numel(v.shape[d] for d in inner_group))
+            stride.append(v.stride(inner_group[-1]))
+        else:
+            shape.append(1)
+            stride.append(1)
+        return tuple(shape), tuple(stride)
+
+    operands: list[Operand] = []
+    load_slot: dict[int, int] = {}
+
+    def add(v: torch.Tensor, is_store: bool, bidx: int) -> int:
+        shape, stride = coalesce(v, False)
+        off = v.storage_offset() - bases[bidx].storage_offset()
+        op = Operand(bidx, shape, stride, off, is_store, v.dtype)
+        if not is_store:
+            for i, o in enumerate(operands):
+                if o == op:
+                    return i
+        operands.append(op)
+        return len(operands) - 1
+
+    for ld in prog.loads:
+        v, b = load_view[id(ld)]
+        load_slot[id(ld)] = add(v, False, b)
+    store_slot = [add(v, True, b) for v, b in store_views]
+    outer = tuple(_numel(domain[d] for d in g) for g in outer_groups)
+    n = _numel(domain[d] for d in inner_group) if inner_group else 1
+
+    if prog.family == "rows" and any(o.inner_mode == "gather" and not o.is_store for o in operands):
+        raise Unsupported("a column reduction (the reduced dims are not innermost in memory)")
+    vec_ops = [o for o in operands if o.inner_mode == "vec"]
+    itemsize = min((o.dtype.itemsize for o in vec_ops), default=4)
+    vector = min(MAX_VECTOR, max(1, 16 // itemsize)) if vec_ops else 1
+    bounds = _select_bounds(prog)
+    while vector > 1 and not _vector_fits(vector, operands, bases, n, bool(outer) or prog.family == "rows", bounds):
+        vector //= 2
+    tail = n % vector != 0
+    geo = Geometry(operands, load_slot, store_slot, outer, n, vector, tail, select_bounds=bounds)
+    geo.bases = bases
+    if prog.family == "rows":
+        _row_tiling(geo)
+    if _numel(outer) * max(1, -(-n // vector)) >= 2**31:
+        raise Unsupported("more than 2**31 vectors")
+    return geo
+
+
+def _select_bounds(prog: Program) -> tuple:
+    from thunder_fuser.kernels.expr import Op, Reduce, Select
+
+    found = []
+
+    def walk(e):
+        if isinstance(e, Select):
+            found.append(e.bounds)
+            for p in e.pieces:
+                walk(p)
+        elif isinstance(e, Op):
+            for a in e.args:
+                walk(a)
+        elif isinstance(e, Reduce):
+            walk(e.arg)
+
+    for s in prog.stores:
+        walk(s.expr)
+    return tuple(found)
+
+
+def _vector_fits(vector, operands, bases, n, has_outer, bounds) -> bool:
+    if has_outer and n % vector:
+        return False
+    if any(b % vector for bs in bounds for b in bs):
+        return False
+    for o in operands:
+        if o.inner_mode != "vec":
+            continue
+        if o.shape[-1] % vector and o.shape[-1] != n:
+            return False
+        if any(s % vector for s in o.stride[:-1]):
+            return False
+        base = bases[o.source]
+        if (base.data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize):
+            return False
+    return True
+
+
+def aligned(geo: Geometry, tensors) -> bool:
+    """Per call: do the base pointers still allow the vector width the kernel assumes?"""
+    if geo.vector == 1:
+        return True
+    for o in geo.operands:
+        if o.inner_mode == "vec":
+            t = tensors[o.source]
+            if (t.data_ptr() + o.offset * o.dtype.itemsize) % (geo.vector * o.dtype.itemsize):
+                return False
+    return True
+
+
+def _row_tiling(geo: Geometry) -> None:
+    nvec = -(-geo.n // geo.vector)
+    for threads in ROW_THREADS:
+        k = -(-nvec // threads)
+        if k <= MAX_ROW_VECTORS and (k <= 4 or threads >= 256):
+            geo.row_threads, geo.row_vectors = threads, k
+            return
+    raise Unsupported(f"a row of {geo.n} elements exceeds the persistent-row kernel ({1024 * MAX_ROW_VECTORS * geo.vector})")
+
+
+def views_for_call(geo: Geometry, bases) -> list[torch.Tensor]:
+    out = []
+    for o in geo.operands:
+        b = bases[o.source]
+        out.append(b.as_strided(o.shape, o.stride, b.storage_offset() + o.offset))
+    return out

@@ -1,0 +1,164 @@
+"""One segment run by a generated kernel: lowering, geometry and compilation at the first
+call of a plan, then per call only allocation, one ``as_strided`` per operand and the
+TVM-FFI launch.
+
+``mode`` picks what executes the lowered program: ``"cute"`` (CuTe DSL kernels, CUDA) or
+``"torch"`` (``torch_eval``, any device), which runs the same operand views with torch so
+the CPU test-suite checks lowering and geometry end to end.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from thunder_fuser.kernels import cache
+from thunder_fuser.kernels.expr import Program, Unsupported, lower_segment, render
+from thunder_fuser.kernels.geometry import Geometry, aligned, build_geometry, views_for_call
+from thunder_fuser.layout import strides_for_order
+
+
+class _Part:
+    """One program of the segment: one launch."""
+
+    def __init__(self, prog: Program):
+        self.prog = prog
+        self.geo: Geometry | None = None
+        self.fn = None
+        self.allocs: list = []  # per store: (shape, strides, dtype) to allocate, or None (a write)
+        self.base_refs: list = []  # per geometry base: ("store", i) or ("env", value id)
+
+
+class SegmentKernel:
+    def __init__(self, seg, orders: dict, mode: str):
+        self.seg = seg
+        self.mode = mode
+        self.parts = [_Part(p) for p in lower_segment(seg)]  # raises Unsupported
+        self.orders = orders
+        self.write_outs: list = []  # (node output value, dst value) pairs
+
+    def prepare(self, env, device) -> None:
+        writes = [n for n in self.seg.nodes if n.op in ("copy_to_out_", "copy_")]
+        written = {id(n.kwargs["out"] if n.op == "copy_to_out_" else n.args[1]) for n in writes}
+        self.write_outs = [(n.outputs[0], n.kwargs["out"] if n.op == "copy_to_out_" else n.args[1]) for n in writes]
+        for part in self.parts:
+            for st in part.prog.stores:
+                v = st.target
+                if id(v) in written:
+                    part.allocs.append(None)
+                else:
+                    order = self.orders.get(id(v)) or tuple(range(v.ndim))
+                    part.allocs.append((tuple(v.shape), strides_for_order(v.shape, order), v.dtype))
+            stores = _store_tensors(part, env, device)
+            _check_no_overlap(part, env, stores)
+            geo = build_geometry(part.prog, env, stores)
+            refs = []
+            for b in geo.bases:
+                ref = next((("store", i) for i, s in enumerate(stores) if s is b), None)
+                if ref is None:
+                    ref = next(("env", id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
+                refs.append(ref)
+            part.base_refs, part.geo = refs, geo
+            if self.mode == "cute":
+                part.fn = compile_program(part.prog, geo, device)
+        self.device = device
+
+    def run(self, env) -> bool:
+        """Run the segment; False when these tensors do not fit the compiled assumptions
+        (alignment): the caller then runs the reference backend for this call."""
+        done = []
+        for part in self.parts:
+            stores = _store_tensors(part, env, self.device)
+            bases = [stores[r[1]] if r[0] == "store" else env[r[1]] for r in part.base_refs]
+            if not aligned(part.geo, bases):
+                if part is self.parts[0]:
+                    return False
+                raise RuntimeError(f"segment {self.seg.index}: operands lost alignment between launches")
+            done.append((part, stores, views_for_call(part.geo, bases)))
+        for part, stores, views in done:
+            if self.mode == "cute":
+                part.fn(tuple(views))
+            else:
+                from thunder_fuser.kernels.torch_eval import run_program
+
+                run_program(part.prog, part.geo, views)
+            for st, t in zip(part.prog.stores, stores):
+                env[id(st.target)] = t
+        for out, dst in self.write_outs:
+            env[id(out)] = env[id(dst)]
+        return True
+
+    def describe(self) -> str:
+        return "; ".join(f"{st.target.name} = {render(st.expr)}" for p in self.parts for st in p.prog.stores)
+
+
+FILL_NAN = False  # tests set it: every fresh output starts as NaN, so an unwritten element fails
+
+
+def _store_tensors(part: _Part, env, device):
+    out = [
+        env[id(st.target)] if a is None else torch.empty_strided(a[0], a[1], dtype=a[2], device=device)
+        for a, st in zip(part.allocs, part.prog.stores)
+    ]
+    if FILL_NAN:
+        for a, t in zip(part.allocs, out):
+            if a is not None and t.dtype.is_floating_point:
+                t.fill_(float("nan"))
+    return out
+
+
+def _check_no_overlap(part: _Part, env, stores) -> None:
+    """An in-place store may only meet reads of the same memory at the same element."""
+    for a, w in zip(part.allocs, stores):
+        if a is not None:
+            continue
+        wp = w.untyped_storage().data_ptr()
+        for ld in part.prog.loads:
+            t = env[id(ld.source)]
+            same_place = t.stride() == w.stride() and t.storage_offset() == w.storage_offset()
+            if t.untyped_storage().data_ptr() == wp and (not same_place or ld.views or ld.shift is not None):
+                raise Unsupported(f"{ld.source.name} is read at other positions than the in-place write changes")
+
+
+def compile_program(prog: Program, geo: Geometry, device):
+    import os
+
+    from thunder_fuser.kernels import cute_emit
+
+    arch = os.environ.get("CUTE_DSL_ARCH") or _arch(device)
+    key = ("v1", prog.family, _program_text(prog, geo), geo.signature(), arch)
+
+    def build():
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import make_fake_stream
+
+        launch = cute_emit.build_launch(prog, geo)
+        fakes = cute_emit.fake_operands(geo)
+        return cute.compile(launch, fakes, make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
+
+    return cache.get_or_compile(key, build)
+
+
+def _arch(device) -> str:
+    if device is not None and getattr(device, "type", None) == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+    return "sm_90a"
+
+
+def _program_text(prog: Program, geo: Geometry) -> str:
+    """The program with value names erased (loads named by operand slot): two segments
+    computing the same thing over the same operand pattern share a kernel."""
+    from thunder_fuser.kernels.expr import Load, Op, Reduce, Select
+
+    def key(e) -> str:
+        if isinstance(e, Load):
+            return f"load{geo.load_slot[id(e)]}<<{e.shift}"
+        if isinstance(e, Op):
+            return f"{e.op}:{e.dtype}({','.join(key(a) for a in e.args)})"
+        if isinstance(e, Reduce):
+            return f"{e.op}:{e.dtype}:{e.correction}({key(e.arg)})"
+        if isinstance(e, Select):
+            return f"select{e.bounds}:{e.fill}({','.join(key(p) for p in e.pieces)})"
+        return repr(e)
+
+    return " | ".join(("row " if st.is_row else "") + key(st.expr) for st in prog.stores)

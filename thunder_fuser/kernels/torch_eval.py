@@ -1,0 +1,59 @@
+"""Run a lowered program with torch over the exact operand views a kernel would receive.
+
+This is the CPU check of everything between a segment and a generated kernel: lowering
+(views pushed to loads, pieces shifted) and geometry (strides, dim order, coalescing). A
+test that compares it with the reference backend fails on the same mistakes a kernel would
+make, on a machine with no GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from thunder_fuser.backends.reference import REFERENCE_IMPLS, _conform
+from thunder_fuser.kernels.expr import Load, Op, Program, Reduce, Select
+from thunder_fuser.kernels.geometry import Geometry
+
+
+def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None:
+    memo: dict[int, object] = {}
+
+    def ev(e):
+        if isinstance(e, (bool, int, float)):
+            return e
+        if id(e) in memo:
+            return memo[id(e)]
+        if isinstance(e, Load):
+            r = views[geo.load_slot[id(e)]]
+        elif isinstance(e, Op):
+            r = REFERENCE_IMPLS[e.op](*[ev(a) for a in e.args], *((e.dtype,) if e.op == "convert_element_type" else ()))
+            r = _conform(r, _Typed(e.dtype))
+        elif isinstance(e, Reduce):
+            x = ev(e.arg)
+            if e.op in ("var", "mean"):
+                var, mean = torch.var_mean(x, -1, correction=e.correction, keepdim=True)
+                r = var if e.op == "var" else mean
+            else:
+                r = {"sum": torch.sum, "amax": torch.amax, "amin": torch.amin}[e.op](x, -1, keepdim=True)
+            r = r.to(e.dtype)
+        elif isinstance(e, Select):
+            shape = (*views[geo.store_slot[0]].shape[:-1], geo.n)
+            r = torch.full(shape, e.fill, dtype=e.dtype, device=views[0].device)
+            for p, lo, hi in zip(e.pieces, e.bounds, e.bounds[1:]):
+                r[..., lo:hi] = ev(p)
+        else:
+            raise TypeError(e)
+        memo[id(e)] = r
+        return r
+
+    for st, slot in zip(prog.stores, geo.store_slot):
+        v = views[slot]
+        r = torch.as_tensor(ev(st.expr), device=v.device).expand(v.shape)
+        if st.is_row:  # one number per row: the view repeats it along the row
+            v, r = v[..., :1], r[..., :1]
+        v.copy_(r)
+
+
+class _Typed:
+    def __init__(self, dtype):
+        self.dtype = dtype
