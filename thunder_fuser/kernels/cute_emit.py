@@ -398,7 +398,7 @@ _REDUCE = {
 
 def build_rows(prog: Program, geo: Geometry):
     V, K, Tr = geo.vector, geo.row_vectors, geo.row_threads
-    T = max(Tr, 128)
+    T = Tr if Tr > 32 else 128  # a block reduction serves one row; warp-sized rows share a block
     rows_per_block = T // Tr
     warps = T // 32
     rank = len(geo.outer) + 1

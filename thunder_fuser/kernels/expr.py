@@ -130,6 +130,9 @@ def lower_segment(seg: Segment) -> list[Program]:
         e = lw.env[id(o)]
         stores.append(Store(o, e, is_row=is_row(e)))
     stores.extend(lw.store_writes)
+    for st in stores:  # a row value stored over the whole domain (a saved broadcast) is a full store
+        if st.is_row and st.target.numel == _numel(seg.domain):
+            st.is_row = False
     if family == "rows":
         prog = Program(family, tuple(seg.domain), tuple(seg.reduced or ()), stores)
         _collect_loads(prog)
@@ -146,6 +149,13 @@ def lower_segment(seg: Segment) -> list[Program]:
         _collect_loads(prog)
         progs.append(prog)
     return progs
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def _has_select(e) -> bool:
