@@ -119,6 +119,9 @@ def _check_no_overlap(part: _Part, env, stores) -> None:
                 raise Unsupported(f"{ld.source.name} is read at other positions than the in-place write changes")
 
 
+EXTRA_OPTIONS = ""  # e.g. " --keep-ptx" (tests read the PTX from the compiled function's artifacts)
+
+
 def compile_program(prog: Program, geo: Geometry, device):
     import os
 
@@ -133,7 +136,8 @@ def compile_program(prog: Program, geo: Geometry, device):
 
         launch = cute_emit.build_launch(prog, geo)
         fakes = cute_emit.fake_operands(geo)
-        return cute.compile(launch, fakes, make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
+        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+        return cute.compile(launch, fakes, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)
 
     return cache.get_or_compile(key, build)
 

@@ -1,0 +1,142 @@
+"""Kernel generation on the CPU: lowering and geometry run end to end through torch
+(``THUNDER_FUSER_KERNELS=torch``), and every kernel family compiles to PTX with CuTe DSL
+(``CUTE_DSL_ARCH=sm_90a``, fake tensors, no GPU), so a codegen regression fails CI."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import thunder
+import torch
+
+from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
+from helpers import check_vs_eager
+from thunder_fuser import fuser_ex
+from thunder_fuser.kernels import backend, segment_kernel
+from thunder_fuser.kernels.backend import KernelFallbackWarning
+from thunder_fuser.runtime import plan as plan_mod
+from thunder_fuser.runtime.region_runner import RegionRunner
+
+
+def _kernels(jfn):
+    """(segment kind, SegmentKernel or None) of every segment the last call planned."""
+    out = []
+    for v in thunder.last_traces(jfn)[-1].python_ctx().values():
+        if isinstance(v, RegionRunner):
+            for p in v.plans.values():
+                out += [(p.kinds[i], k) for i, k in sorted(p.kernels.items())]
+    return out
+
+
+@pytest.fixture
+def torch_kernels(monkeypatch):
+    monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
+
+
+def _r(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+WORKLOADS = {
+    "gelu_bias ragged": (gelu_bias, lambda: (_r(33, 4097), _r(4097))),
+    "gelu_bias bf16": (gelu_bias, lambda: (_r(33, 4096, dtype=torch.bfloat16), _r(4096, dtype=torch.bfloat16))),
+    "softmax": (softmax, lambda: (_r(37, 1000),)),
+    "rmsnorm bf16": (rmsnorm, lambda: (_r(37, 4096, dtype=torch.bfloat16), _r(4096, dtype=torch.bfloat16))),
+    "layernorm": (layernorm, lambda: (_r(37, 4097), _r(4097), _r(4097))),
+    "rotate-half residual": (rotate_half_residual, lambda: (_r(2, 4, 33, 128),)),
+    "rope, non-contiguous q/k": (
+        rope, lambda: (_r(2, 16, 4, 128).transpose(1, 2), _r(2, 16, 2, 128).transpose(1, 2), _r(16, 128), _r(16, 128))
+    ),
+    "transposed input": (lambda a, b: a * b + 1, lambda: (_r(300, 257).t(), _r(257, 300))),
+    "adam (copy_to_out_)": (adam_step, lambda: tuple([_r(4097), _r(64, 129).abs()] for _ in range(4))),
+}
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_lowered_programs_compute_what_the_reference_does(torch_kernels, name):
+    fn, make = WORKLOADS[name]
+    jfn, _ = check_vs_eager(fn, *make())
+    kinds = _kernels(jfn)
+    assert kinds and all(k is not None for kind, k in kinds if kind != "view"), kinds
+
+
+def test_row_store_of_a_broadcast_value_writes_the_whole_row(torch_kernels):
+    x, w, b = (_r(*s).requires_grad_() for s in [(64, 512), (512,), (512,)])
+    out = thunder.jit(layernorm, executors=[fuser_ex])(x, w, b)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    layernorm(*ref).backward(grad)
+    for t, r in zip((x, w, b), ref):
+        torch.testing.assert_close(t.grad, r.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_a_failing_kernel_falls_back_with_one_warning(monkeypatch):
+    """Any failure in generation or compilation: the reference backend runs the segment,
+    one warning names the segment and the reason, and the results are right."""
+    monkeypatch.setattr(plan_mod, "kernel_mode", lambda env, region: "cute")
+
+    def broken(prog, geo, device):
+        raise RuntimeError("codegen exploded")
+
+    monkeypatch.setattr(segment_kernel, "compile_program", broken)
+    backend._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jfn, _ = check_vs_eager(gelu_bias, _r(8, 64), _r(64))
+        jfn(_r(8, 64), _r(64))
+    msgs = [str(w.message) for w in caught if issubclass(w.category, KernelFallbackWarning)]
+    assert len(msgs) == 1, msgs
+    assert "segment 0 (pointwise) runs on the reference backend: RuntimeError: codegen exploded" in msgs[0]
+    assert [kind for kind, _ in _kernels(jfn)] == ["reference"]
+
+
+def test_unsupported_segment_reason(torch_kernels):
+    """A column reduction has no template yet: it runs on the reference backend."""
+    jfn, _ = check_vs_eager(lambda x: x.sum(0), _r(64, 33))
+    assert _kernels(jfn) == [("reference", None)]
+
+
+# ---- PTX on the CPU machine ----------------------------------------------------------------
+
+def _planned_parts(fn, args):
+    os.environ["THUNDER_FUSER_KERNELS"] = "torch"
+    try:
+        jfn = thunder.jit(fn, executors=[fuser_ex])
+        jfn(*args)
+    finally:
+        del os.environ["THUNDER_FUSER_KERNELS"]
+    return [p for kind, k in _kernels(jfn) if k is not None for p in k.parts]
+
+
+FAMILIES = {
+    "pointwise bf16 with broadcast": (gelu_bias, lambda: (_r(33, 4096, dtype=torch.bfloat16), _r(4096, dtype=torch.bfloat16))),
+    "pointwise ragged 1-D": (lambda a: torch.exp(a) * 2, lambda: (_r(4097),)),
+    "pointwise gather (transposed input)": (lambda a, b: a * b, lambda: (_r(40, 33).t(), _r(33, 40))),
+    "reduction": (lambda x: x.amax(-1), lambda: (_r(37, 1000),)),
+    "normalization (softmax)": (softmax, lambda: (_r(37, 1000),)),
+    "normalization (layernorm, block reduction)": (layernorm, lambda: (_r(8, 4096), _r(4096), _r(4096))),
+    "resize (rotate-half + residual)": (rotate_half_residual, lambda: (_r(2, 4, 33, 128, dtype=torch.bfloat16),)),
+    "copy_to_out_ (in-place Adam)": (adam_step, lambda: tuple([_r(4096)] for _ in range(4))),
+}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_compiles_to_ptx_without_a_gpu(name, tmp_path, monkeypatch):
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
+    from thunder_fuser.kernels import cache
+
+    cache.clear_memory()
+    fn, make = FAMILIES[name]
+    parts = _planned_parts(fn, make())
+    assert parts
+    ptx = "".join(segment_kernel.compile_program(p.prog, p.geo, None).artifacts.PTX for p in parts)
+    assert ".target sm_90a" in ptx
+    if name.startswith("pointwise bf16"):
+        assert "ld.global.v4" in ptx and "st.global.v4" in ptx  # 128-bit accesses
+    assert list((tmp_path / "cache").rglob("*.o")), "the compiled kernel is exported to the disk cache"
