@@ -66,3 +66,23 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, lr=1e-3, b1=0.9, b2=0.999, e
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
         denom = (v.sqrt() / (bc2**0.5)).add_(eps)
         p.addcdiv_(m, denom, value=-lr / bc1)
+
+
+class TransformerBlock(torch.nn.Module):
+    """A pre-norm GPT block (LayerNorm, causal SDPA, GELU MLP), the shape of thunder's
+    nanogpt test model (whose file the GPU wheel pack trims)."""
+
+    def __init__(self, d: int = 1024, heads: int = 16):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.fc, self.out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))

@@ -1,0 +1,98 @@
+"""Turn a run's ``latest.json`` into a markdown table, a CSV and a bar chart."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+
+CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
+
+
+def _fmt(x, spec):
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def rows(doc):
+    copy = doc["copy_TBps"]
+    for w in doc["workloads"]:
+        tc = w["results"].get("torch.compile", {}).get("ms")
+        for c in CONTENDERS:
+            r = w["results"].get(c, {})
+            ms = r.get("ms")
+            speed = tc / ms if ms and tc and not math.isnan(ms) and not math.isnan(tc) else None
+            yield {
+                "workload": w["name"], "size": w["size"], "bytes": w["bytes"], "contender": c,
+                "ms": ms, "TBps": r.get("TBps"), "pct_copy": (r.get("TBps") or float("nan")) / copy * 100,
+                "vs_torch_compile": speed, "host_us": r.get("host_us"), "compile_s": r.get("compile_s"),
+                "error": r.get("error", ""),
+            }
+
+
+def markdown(doc) -> str:
+    lines = [
+        f"Device: {doc['device']}; torch {doc['torch']}; {doc['date']}; device-to-device copy "
+        f"{doc['copy_TBps']:.2f} TB/s (measured in this run).",
+        "",
+        "| workload | size | contender | ms | TB/s | % of copy | x torch.compile | host us | first call s |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows(doc):
+        err = f" FAILED: {r['error']}" if r["error"] else ""
+        lines.append(
+            f"| {r['workload']} | {r['size']} | {r['contender']}{err} | {_fmt(r['ms'], '.4f')} | {_fmt(r['TBps'], '.2f')} | "
+            f"{_fmt(r['pct_copy'], '.0f')} | {_fmt(r['vs_torch_compile'], '.2f')} | {_fmt(r['host_us'], '.1f')} | "
+            f"{_fmt(r['compile_s'], '.2f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(doc, path) -> None:
+    all_rows = list(rows(doc))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(all_rows[0]))
+        w.writeheader()
+        w.writerows(all_rows)
+
+
+def chart(doc, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    work = [w for w in doc["workloads"] if "host" not in w["name"]]
+    large = [w for w in work if w["bytes"] >= 50 * 2**20]
+    fig, ax = plt.subplots(figsize=(14, 5))
+    width = 0.16
+    for i, c in enumerate(CONTENDERS):
+        vals = [(w["results"].get(c, {}).get("TBps") or 0) / doc["copy_TBps"] * 100 for w in large]
+        ax.bar([x + i * width for x in range(len(large))], [0 if math.isnan(v) else v for v in vals], width, label=c)
+    ax.axhline(85, color="gray", ls="--", lw=1)
+    ax.set_xticks([x + 2 * width for x in range(len(large))])
+    ax.set_xticklabels([w["name"] for w in large], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("% of device-to-device copy bandwidth")
+    ax.set_title(f"Large workloads on {doc['device']} (copy {doc['copy_TBps']:.2f} TB/s = 100%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_all(doc, out) -> None:
+    with open(os.path.join(out, "latest.json"), "w") as f:
+        json.dump(doc, f, indent=1, default=lambda x: None)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(markdown(doc))
+    write_csv(doc, os.path.join(out, "results.csv"))
+    try:
+        chart(doc, os.path.join(out, "chart.png"))
+    except Exception as e:  # noqa: BLE001 - the table and CSV still stand
+        print(f"chart not drawn: {e}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    d = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results"
+    with open(os.path.join(d, "latest.json")) as f:
+        write_all(json.load(f), d)

@@ -1,0 +1,169 @@
+"""Run the suite on the GPU: every workload, every contender, one process, one device call.
+
+    python -m benchmarks.run --out benchmarks/results
+
+Contenders run on the same inputs in this process: eager, torch.compile, thunder (default
+executors), thunder with its torch.compile executor, thunder with fuser_ex. Each output is
+checked against eager before it is timed; a contender that fails is reported as failed with
+the reason, never dropped. Writes ``latest.json``, ``results.csv``, ``results.md`` and
+``chart.png`` under ``--out`` (see ``benchmarks/report.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+import torch
+
+import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
+import thunder
+from thunder.executors.torch_compile import torch_compile_ex
+
+from benchmarks import report
+from benchmarks.suite import Case, cases, nbytes
+from benchmarks.timing import device_ms, host_us
+from benchmarks.workloads import TransformerBlock
+from thunder_fuser import fuser_ex
+
+CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
+L2_BYTES = 50 * 2**20
+
+
+def _jit(kind, fn):
+    if kind == "eager":
+        return fn
+    if kind == "torch.compile":
+        return torch.compile(fn)
+    if kind == "thunder":
+        return thunder.jit(fn)
+    if kind == "thunder+torchcompile":
+        return thunder.jit(fn, executors=[torch_compile_ex])
+    return thunder.jit(fn, executors=[fuser_ex])
+
+
+def _block_contender(kind, block):
+    model = block if kind == "eager" else _jit(kind, block)
+
+    def step(x):
+        y = model(x)
+        y.float().sum().backward()
+        return y.detach()
+
+    return step
+
+
+def _clone(args):
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            c = a.detach().clone()
+            return c.requires_grad_(a.requires_grad)
+        if isinstance(a, (list, tuple)):
+            return type(a)(one(x) for x in a)
+        return a
+
+    return tuple(one(a) for a in args)
+
+
+def _check(got, want, dtype):
+    tol = dict(atol=3e-2, rtol=3e-2) if dtype in (torch.bfloat16, torch.float16) else dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, want, equal_nan=True, **tol)
+
+
+def copy_bandwidth() -> float:
+    a = torch.randn(2**28, device="cuda")  # 1 GiB
+    b = torch.empty_like(a)
+    ms, _ = device_ms(lambda: b.copy_(a), [()], reps=50)
+    return 2 * a.numel() * 4 / ms / 1e9
+
+
+def run_case(case: Case, copy_tbps: float, log) -> dict:
+    torch.manual_seed(0)
+    args = case.make()
+    block = TransformerBlock().cuda().to(torch.bfloat16) if case.backward else None
+    fn = case.fn
+    ref_args = _clone(args)
+    want = _block_contender("eager", copy.deepcopy(block))(*ref_args) if block is not None else fn(*ref_args)
+    if case.written and fn is not None:
+        want = case.written(ref_args, want)
+    dtype = next(t.dtype for t in _tensors(args))
+    bytes_ = nbytes(case, args, want)
+    sets = 1 if bytes_ >= L2_BYTES else 4
+    arg_sets = [args] + [case.make() for _ in range(sets - 1)]
+    results = {}
+    for kind in CONTENDERS:
+        try:
+            f = _block_contender(kind, copy.deepcopy(block)) if block is not None else _jit(kind, fn)
+            trial = _clone(args)
+            t0 = time.perf_counter()
+            got = f(*trial)
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            if case.written and fn is not None:
+                got = case.written(trial, got)
+            _check(got, want, dtype)
+            ms, graphed = device_ms(f, arg_sets, reps=50)
+            entry = {"ms": ms, "TBps": bytes_ / ms / 1e9, "host_us": None, "compile_s": compile_s}
+            if case.kind == "small":
+                entry["host_us"] = host_us(f, arg_sets[0], calls=100)
+            results[kind] = entry
+            log.write(f"{case.name} {case.size} {kind}: {ms:.4f} ms graph={graphed}\n")
+        except Exception as e:  # noqa: BLE001 - report, never drop
+            results[kind] = {"ms": float("nan"), "TBps": float("nan"), "host_us": None, "compile_s": None,
+                             "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+            log.write(f"{case.name} {case.size} {kind} FAILED\n{traceback.format_exc()}\n")
+        log.flush()
+    return {"name": case.name, "size": case.size, "bytes": bytes_, "results": results}
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--only", default="", help="substring of workload names to run")
+    opts = ap.parse_args(argv)
+    os.makedirs(opts.out, exist_ok=True)
+    # a fresh kernel cache: compile_s is a cold compile; report.py measures the warm cache after
+    os.environ.setdefault("THUNDER_FUSER_CACHE", tempfile.mkdtemp(prefix="tf-cache-"))
+    warnings.filterwarnings("ignore")
+    from tqdm import tqdm
+
+    copy_tbps = copy_bandwidth()
+    doc = {
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "copy_TBps": copy_tbps,
+        "workloads": [],
+    }
+    todo = [c for c in cases() if opts.only in c.name]
+    with open(os.path.join(opts.out, "run.log"), "w") as log:
+        for case in tqdm(todo, desc="workloads", file=sys.stderr):
+            doc["workloads"].append(run_case(case, copy_tbps, log))
+            with open(os.path.join(opts.out, "latest.json"), "w") as f:
+                json.dump(doc, f, indent=1, default=_json_default)
+    report.write_all(doc, opts.out)
+    return 0
+
+
+def _json_default(x):
+    return None if x != x else x
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
