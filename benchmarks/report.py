@@ -22,10 +22,10 @@ def rows(doc):
         for c in CONTENDERS:
             r = w["results"].get(c, {})
             ms = r.get("ms")
-            speed = tc / ms if ms and tc and not math.isnan(ms) and not math.isnan(tc) else None
+            speed = tc / ms if ms and tc else None
             yield {
                 "workload": w["name"], "size": w["size"], "bytes": w["bytes"], "contender": c,
-                "ms": ms, "TBps": r.get("TBps"), "pct_copy": (r.get("TBps") or float("nan")) / copy * 100,
+                "ms": ms, "TBps": r.get("TBps"), "pct_copy": r["TBps"] / copy * 100 if r.get("TBps") else None,
                 "vs_torch_compile": speed, "host_us": r.get("host_us"), "compile_s": r.get("compile_s"),
                 "error": r.get("error", ""),
             }
@@ -39,7 +39,7 @@ def markdown(doc) -> str:
         "| workload | size | contender | ms | TB/s | % of copy | x torch.compile | host us | first call s |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for r in rows(doc):
+    for r in rows(clean(doc)):
         err = f" FAILED: {r['error']}" if r["error"] else ""
         lines.append(
             f"| {r['workload']} | {r['size']} | {r['contender']}{err} | {_fmt(r['ms'], '.4f')} | {_fmt(r['TBps'], '.2f')} | "
@@ -80,9 +80,24 @@ def chart(doc, path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write_all(doc, out) -> None:
+def clean(x):
+    """JSON has no NaN: a failed contender's numbers become null."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [clean(v) for v in x]
+    return x
+
+
+def write_json(doc, out) -> None:
     with open(os.path.join(out, "latest.json"), "w") as f:
-        json.dump(doc, f, indent=1, default=lambda x: None)
+        json.dump(clean(doc), f, indent=1)
+
+
+def write_all(doc, out) -> None:
+    write_json(doc, out)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(markdown(doc))
     write_csv(doc, os.path.join(out, "results.csv"))

@@ -16,6 +16,7 @@ import copy
 import datetime
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -155,14 +156,13 @@ def main(argv=None) -> int:
     with open(os.path.join(opts.out, "run.log"), "w") as log:
         for case in tqdm(todo, desc="workloads", file=sys.stderr):
             doc["workloads"].append(run_case(case, copy_tbps, log))
-            with open(os.path.join(opts.out, "latest.json"), "w") as f:
-                json.dump(doc, f, indent=1, default=_json_default)
+            report.write_json(doc, opts.out)
     report.write_all(doc, opts.out)
+    warm = subprocess.run([sys.executable, "-m", "benchmarks.warm_cache"], capture_output=True, text=True)
+    with open(os.path.join(opts.out, "warm_cache.json"), "w") as f:
+        f.write(warm.stdout.strip().splitlines()[-1] if warm.stdout.strip() else json.dumps({"error": warm.stderr[-2000:]}))
+    print(report.markdown(report.clean(doc)))
     return 0
-
-
-def _json_default(x):
-    return None if x != x else x
 
 
 if __name__ == "__main__":
