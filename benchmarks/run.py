@@ -80,10 +80,16 @@ def _check(got, want, dtype):
 
 
 def copy_bandwidth() -> float:
-    a = torch.randn(2**28, device="cuda")  # 1 GiB
-    b = torch.empty_like(a)
-    ms, _ = device_ms(lambda: b.copy_(a), [()], reps=50)
-    return 2 * a.numel() * 4 / ms / 1e9
+    """Device-to-device copy, bytes read plus written, at the workloads' sizes (256 MiB and
+    1 GiB buffers): the best of the two."""
+    best = 0.0
+    for n in (2**26, 2**28):
+        a = torch.randn(n, device="cuda")
+        b = torch.empty_like(a)
+        ms, _ = device_ms(lambda: b.copy_(a), [()], reps=50)
+        best = max(best, 2 * a.numel() * 4 / ms / 1e9)
+        del a, b
+    return best
 
 
 def run_case(case: Case, copy_tbps: float, log) -> dict:
