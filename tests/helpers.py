@@ -60,3 +60,19 @@ def fusion_block(trace, name: str = "fuser0") -> str:
     while end < len(lines) and lines[end].lstrip().startswith("# ") and lines[end].startswith("    #"):
         end += 1
     return "\n".join(l.strip() for l in lines[start:end]) + "\n"
+
+
+def check_layernorm_backward(device: str, shape=(64, 4097), atol=1e-4):
+    """Gradients of ``F.layer_norm`` through fuser_ex against eager (backward regions mix
+    row reductions, column reductions and saved broadcasts)."""
+    from benchmarks.workloads import layernorm
+
+    n = shape[-1]
+    x, w, b = (torch.randn(*s, device=device).requires_grad_() for s in [shape, (n,), (n,)])
+    out = thunder.jit(layernorm, executors=[fuser_ex])(x, w, b)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    layernorm(*ref).backward(grad)
+    for t, r in zip((x, w, b), ref):
+        torch.testing.assert_close(t.grad, r.grad, atol=atol, rtol=atol)

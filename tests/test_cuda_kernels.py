@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
-from helpers import check_vs_eager
+from helpers import check_layernorm_backward, check_vs_eager
 from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
@@ -69,18 +69,7 @@ def test_row_reductions_sum_max_min_mean_var():
 
 
 def test_layernorm_backward_on_kernels():
-    import thunder
-
-    from thunder_fuser import fuser_ex
-
-    x, w, b = (_randn(*s).requires_grad_() for s in [(64, 4096), (4096,), (4096,)])
-    out = thunder.jit(layernorm, executors=[fuser_ex])(x, w, b)
-    grad = torch.randn_like(out)
-    out.backward(grad)
-    ref = [t.detach().clone().requires_grad_() for t in (x, w, b)]
-    layernorm(*ref).backward(grad)
-    for t, r in zip((x, w, b), ref):
-        torch.testing.assert_close(t.grad, r.grad, atol=1e-4, rtol=1e-4)
+    check_layernorm_backward("cuda", (64, 4096))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -198,25 +198,22 @@ def _scatter_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.
 
 
 @cute.jit
-def _store_if_full(frag: cute.Tensor, tile: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean,
-                   width: cutlass.Constexpr):
+def _move_if_full(frag: cute.Tensor, tile: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean,
+                  width: cutlass.Constexpr, store: cutlass.Constexpr):
+    """One vector access where the whole vector is inside ``limit``, else element by
+    element (the ragged tail); ``store`` picks the direction."""
     if pred and n0 + width <= limit:
-        cute.autovec_copy(frag, tile)
+        if cutlass.const_expr(store):
+            cute.autovec_copy(frag, tile)
+        else:
+            cute.autovec_copy(tile, frag)
     else:
         for k in cutlass.range_constexpr(width):
             if pred and n0 + k < limit:
-                t2[(m, n0 + k)] = frag[k]
-
-
-@cute.jit
-def _load_if_full(frag: cute.Tensor, tile: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean,
-                  width: cutlass.Constexpr):
-    if pred and n0 + width <= limit:
-        cute.autovec_copy(tile, frag)
-    else:
-        for k in cutlass.range_constexpr(width):
-            if pred and n0 + k < limit:
-                frag[k] = t2[(m, n0 + k)]
+                if cutlass.const_expr(store):
+                    t2[(m, n0 + k)] = frag[k]
+                else:
+                    frag[k] = t2[(m, n0 + k)]
 
 
 @cute.jit
@@ -328,7 +325,7 @@ def build_pointwise(prog: Program, geo: Geometry):
                 elif mode == "vec" and not geo.tail:
                     _copy_if(tvs[slot][(None, (m, j))], frag, row_ok)
                 elif mode == "vec":
-                    _load_if_full(frag, tvs[slot][(None, (m, j))], t2, m, n0, N, row_ok, V)
+                    _move_if_full(frag, tvs[slot][(None, (m, j))], t2, m, n0, N, row_ok, V, False)
                 else:
                     _gather_if(frag, t2, m, n0, N, row_ok, V)
                 val = frag.load()
@@ -351,7 +348,7 @@ def build_pointwise(prog: Program, geo: Geometry):
             if _mode(o, V) == "vec" and not geo.tail:
                 _copy_if(frag, tvs[slot][(None, (m, j))], row_ok)
             elif _mode(o, V) == "vec":
-                _store_if_full(frag, tvs[slot][(None, (m, j))], t2s[slot], m, n0, N, row_ok, V)
+                _move_if_full(frag, tvs[slot][(None, (m, j))], t2s[slot], m, n0, N, row_ok, V, True)
             else:
                 _scatter_if(frag, t2s[slot], m, n0, N, row_ok, V)
 
