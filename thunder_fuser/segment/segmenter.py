@@ -83,12 +83,15 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
             if seg.kind == "reduction" and seg.domain == dom and seg.reduced == reduction_dims(node):
                 return None
         elif k == "resize":
-            # slices of region inputs are just indexing inside a resize kernel
-            if seg.kind == "resize":
+            # slices of region inputs are just indexing inside a resize kernel, which also
+            # runs pointwise work (RoPE: q * cos beside the rotated q)
+            if seg.kind in ("resize", "pointwise"):
                 return None
         elif k in ("pointwise", "view", "write"):
             if seg.kind == "pointwise" and (seg.domain == dom or _numel(dom) == _numel(seg.domain)):
                 return None
+            if seg.kind == "resize" and _numel(dom) == _numel(seg.domain):
+                return None  # the residual read of x + rotate_half(x) in bf16
             if seg.kind in ("reduction", "normalization"):
                 # per reduced row: the epilogue of a reduction kernel computes it
                 if dom in (_keepdim_shape(seg.domain, seg.reduced), _reduced_shape(seg.domain, seg.reduced)):
@@ -213,9 +216,11 @@ def _add(seg: Segment, node: Node, d) -> None:
         seg.reduced_values.update(id(o) for o in node.outputs)
     elif k == "resize" and seg.kind == "pointwise":
         seg.kind = "resize"
-        seg.domain = d
+        if _numel(d) > _numel(seg.domain) or not seg.nodes:
+            seg.domain = d
     else:
-        if seg.kind == "resize" and k == "pointwise" and _numel(d) > _numel(seg.domain):
+        # a resize segment iterates over its largest value (the cat output, not a slice)
+        if seg.kind == "resize" and k in ("pointwise", "resize") and _numel(d) > _numel(seg.domain):
             seg.domain = d
         if any(id(v) in seg.reduced_values for v in node.inputs()):
             if seg.kind == "reduction" and d == seg.domain:
