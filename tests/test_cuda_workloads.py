@@ -1,6 +1,6 @@
 """The benchmark workloads on a GPU through fuser_ex, against eager (marked ``cuda``; skipped
-without a GPU). Today segments run on the reference backend there too; these tests keep the
-CUDA path honest until CuTe DSL kernels take over."""
+without a GPU): generated kernels where a template covers the segment, the reference backend
+elsewhere (``test_cuda_kernels.py`` asserts which)."""
 
 import pytest
 import torch
