@@ -255,6 +255,15 @@ def _as_2d(t: cute.Tensor, rank: int) -> cute.Tensor:
     return cute.group_modes(t, 0, rank - 1)
 
 
+def _operand_views(ts, rank: int, V: int, ref_slot: int):
+    """Every operand as 2-D ``(M, N)`` and tiled by vectors, and the extents of the domain
+    (read from a stored operand: pieces of a cat have their own ``N``)."""
+    t2s = tuple(_as_2d(t, rank) for t in ts)
+    tvs = tuple(cute.zipped_divide(t, (1, V)) for t in t2s)
+    ref = t2s[ref_slot]
+    return t2s, tvs, cute.size(ref, mode=[0]), cute.size(ref, mode=[1])
+
+
 def fake_operands(geo: Geometry):
     """Fake tensors with symbolic extents and strides: only what the signature fixes is
     static (strides 0 and 1, piece extents)."""
@@ -363,11 +372,7 @@ def build_pointwise(prog: Program, geo: Geometry):
 
     @cute.jit
     def launch(ts, stream):
-        t2s = tuple(_as_2d(t, rank) for t in ts)
-        tvs = tuple(cute.zipped_divide(t, (1, V)) for t in t2s)
-        ref = t2s[ref_slot]
-        M = cute.size(ref, mode=[0])
-        N = cute.size(ref, mode=[1])
+        t2s, tvs, M, N = _operand_views(ts, rank, V, ref_slot)
         nvec = (N + V - 1) // V
         blocks = (M * nvec + T - 1) // T
         kernel(t2s, tvs, M, N, nvec).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)
@@ -500,11 +505,7 @@ def build_rows(prog: Program, geo: Geometry):
 
     @cute.jit
     def launch(ts, stream):
-        t2s = tuple(_as_2d(t, rank) for t in ts)
-        tvs = tuple(cute.zipped_divide(t, (1, V)) for t in t2s)
-        ref = t2s[ref_slot]
-        M = cute.size(ref, mode=[0])
-        N = cute.size(ref, mode=[1])
+        t2s, tvs, M, N = _operand_views(ts, rank, V, ref_slot)
         blocks = (M + rows_per_block - 1) // rows_per_block
         kernel(t2s, tvs, M, N).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)
 
