@@ -33,7 +33,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_tensor
 
-from thunder_fuser.kernels.expr import Load, Op, Program, Reduce, Select, Unsupported, is_row
+from thunder_fuser.kernels.expr import Load, Op, Program, Reduce, Select, Unsupported, dtype_of, subexpressions
 from thunder_fuser.kernels.geometry import Geometry
 
 DTYPES = {
@@ -137,14 +137,6 @@ def apply_op(e: Op, args, arg_dtypes):
         a = _cast(args[0], torch.float32)
         return cute.math.isfinite(a)
     raise Unsupported(f"no kernel code for {op}")
-
-
-def dtype_of(e):
-    if isinstance(e, Load):
-        return e.source.dtype
-    if isinstance(e, (bool, int, float)):
-        return type(e)
-    return e.dtype
 
 
 class Evaluator:
@@ -520,21 +512,10 @@ def _shared_accumulators(Tr, warps, count):
 
 
 def _count_reductions(prog: Program) -> int:
-    found = set()
-
-    def walk(e):
-        if isinstance(e, Reduce):
-            if id(e) not in found:
-                found.add(id(e))
-                walk(e.arg)
-        elif isinstance(e, Op):
-            for a in e.args:
-                walk(a)
-
-    for s in prog.stores:
-        walk(s.expr)
-    # var needs two block reductions (sum, then squared deviations), mean one
-    return 2 * len(found) + 1
+    """Shared-memory buffers a row kernel needs: two block reductions per reduction (var is
+    a sum, then a sum of squared deviations), plus one."""
+    found = sum(isinstance(e, Reduce) for e in subexpressions(st.expr for st in prog.stores))
+    return 2 * found + 1
 
 
 def build_launch(prog: Program, geo: Geometry):

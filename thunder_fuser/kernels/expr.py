@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from thunder_fuser.ir.ops import METADATA, POINTWISE, REDUCTION
 from thunder_fuser.ir.region import Node, Value
 from thunder_fuser.segment import Segment
@@ -158,42 +156,40 @@ def _numel(shape) -> int:
     return n
 
 
-def _has_select(e) -> bool:
-    if isinstance(e, Select):
-        return True
+def children(e) -> tuple:
     if isinstance(e, Op):
-        return any(_has_select(a) for a in e.args)
-    return False
+        return e.args
+    if isinstance(e, Reduce):
+        return (e.arg,)
+    if isinstance(e, Select):
+        return e.pieces
+    return ()
+
+
+def subexpressions(roots):
+    """Every distinct expression reachable from ``roots`` (each once, parents first): the
+    one walk that collecting loads, finding reductions and selects, and counting share."""
+    seen: set[int] = set()
+    stack = list(reversed(list(roots)))
+    while stack:
+        e = stack.pop()
+        if _is_number(e) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack.extend(reversed(children(e)))
 
 
 def _has_reduce(e) -> bool:
-    if isinstance(e, Reduce):
-        return True
-    if isinstance(e, Op):
-        return any(_has_reduce(a) for a in e.args)
-    if isinstance(e, Select):
-        return any(_has_reduce(p) for p in e.pieces)
-    return False
+    return any(isinstance(x, Reduce) for x in subexpressions([e]))
+
+
+def _has_select(e) -> bool:
+    return any(isinstance(x, Select) for x in subexpressions([e]))
 
 
 def _collect_loads(prog: Program) -> None:
-    seen: dict[int, Load] = {}
-
-    def walk(e):
-        if isinstance(e, Load):
-            seen.setdefault(id(e), e)
-        elif isinstance(e, Op):
-            for a in e.args:
-                walk(a)
-        elif isinstance(e, Reduce):
-            walk(e.arg)
-        elif isinstance(e, Select):
-            for p in e.pieces:
-                walk(p)
-
-    for s in prog.stores:
-        walk(s.expr)
-    prog.loads = list(seen.values())
+    prog.loads = [e for e in subexpressions(st.expr for st in prog.stores) if isinstance(e, Load)]
 
 
 class _Lowering:
@@ -323,19 +319,21 @@ def dtype_of(e):
     return e.dtype
 
 
-def render(e) -> str:
-    """A readable form of an expression (tests and the dump read it)."""
+def render(e, load_name=None, typed: bool = False) -> str:
+    """A readable form of an expression. With ``load_name`` (a function of the load) and
+    ``typed`` it is the compile key's program text: names erased, dtypes and constants kept."""
+    if _is_number(e):
+        return repr(e)
     if isinstance(e, Load):
+        if load_name is not None:
+            return load_name(e)
         views = "".join(f".{n.op}" for n in e.views)
         return f"{e.source.name}{views}" + (f"<<{e.shift}" if e.shift is not None else "")
+    args = ", ".join(render(a, load_name, typed) for a in children(e))
     if isinstance(e, Op):
-        return f"{e.op}({', '.join(render(a) for a in e.args)})"
-    if isinstance(e, Reduce):
-        return f"{e.op}[row]({render(e.arg)})"
-    if isinstance(e, Select):
-        return f"select{e.bounds}({', '.join(render(p) for p in e.pieces)})"
-    return repr(e)
-
-
-TORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.bool,
-                torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+        head = e.op
+    elif isinstance(e, Reduce):
+        head = f"{e.op}[row]" + (f":{e.correction}" if typed else "")
+    else:
+        head = f"select{e.bounds}" + (f":{e.fill}" if typed else "")
+    return f"{head}{':' + str(e.dtype) if typed else ''}({args})"

@@ -16,7 +16,7 @@ operand steps through them as through one dim (the TensorIterator rule).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,6 +55,7 @@ class Geometry:
     row_threads: int = 0
     row_vectors: int = 0
     select_bounds: tuple = ()  # per Select, its bounds (compile-time constants)
+    bases: list = field(default_factory=list)  # the first call's tensors the operands view
 
     def signature(self) -> tuple:
         ops = tuple(
@@ -107,7 +108,7 @@ def _order(ref: torch.Tensor, reduced, select_dim) -> list[int]:
     return [d for d in by_stride if d not in inner] + inner
 
 
-def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], device_ok=True) -> Geometry:
+def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) -> Geometry:
     """``env`` maps ``id(Value)`` to the segment input tensors; ``store_tensors`` are the
     tensors each store writes (freshly allocated outputs, or the ``out`` of a write)."""
     domain = prog.domain
@@ -171,7 +172,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
             raise Unsupported("the reduced dims are not innermost")
     outer_groups, inner_group = groups[:-1] if groups else [], groups[-1] if groups else []
 
-    def coalesce(v: torch.Tensor, is_piece: bool):
+    def coalesce(v: torch.Tensor):
         shape, stride = [], []
         for g in reversed(outer_groups):  # innermost-first for CuTe's colexicographic order
             shape.append(_numel(v.shape[d] for d in g))
@@ -188,7 +189,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
     load_slot: dict[int, int] = {}
 
     def add(v: torch.Tensor, is_store: bool, bidx: int) -> int:
-        shape, stride = coalesce(v, False)
+        shape, stride = coalesce(v)
         off = v.storage_offset() - bases[bidx].storage_offset()
         op = Operand(bidx, shape, stride, off, is_store, v.dtype)
         if not is_store:
@@ -214,8 +215,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
     while vector > 1 and not _vector_fits(vector, operands, bases, n, bool(outer) or prog.family == "rows", bounds):
         vector //= 2
     tail = n % vector != 0
-    geo = Geometry(operands, load_slot, store_slot, outer, n, vector, tail, select_bounds=bounds)
-    geo.bases = bases
+    geo = Geometry(operands, load_slot, store_slot, outer, n, vector, tail, select_bounds=bounds, bases=bases)
     if prog.family == "rows":
         _row_tiling(geo)
     if _numel(outer) * max(1, -(-n // vector)) >= 2**31:
@@ -224,24 +224,9 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
 
 
 def _select_bounds(prog: Program) -> tuple:
-    from thunder_fuser.kernels.expr import Op, Reduce, Select
+    from thunder_fuser.kernels.expr import Select, subexpressions
 
-    found = []
-
-    def walk(e):
-        if isinstance(e, Select):
-            found.append(e.bounds)
-            for p in e.pieces:
-                walk(p)
-        elif isinstance(e, Op):
-            for a in e.args:
-                walk(a)
-        elif isinstance(e, Reduce):
-            walk(e.arg)
-
-    for s in prog.stores:
-        walk(s.expr)
-    return tuple(found)
+    return tuple(e.bounds for e in subexpressions(st.expr for st in prog.stores) if isinstance(e, Select))
 
 
 def _vector_fits(vector, operands, bases, n, has_outer, bounds) -> bool:

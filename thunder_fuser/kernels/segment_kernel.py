@@ -87,8 +87,6 @@ class SegmentKernel:
             env[id(out)] = env[id(dst)]
         return True
 
-    def describe(self) -> str:
-        return "; ".join(f"{st.target.name} = {render(st.expr)}" for p in self.parts for st in p.prog.stores)
 
 
 FILL_NAN = False  # tests set it: every fresh output starts as NaN, so an unwritten element fails
@@ -150,19 +148,10 @@ def _arch(device) -> str:
 
 
 def _program_text(prog: Program, geo: Geometry) -> str:
-    """The program with value names erased (loads named by operand slot): two segments
-    computing the same thing over the same operand pattern share a kernel."""
-    from thunder_fuser.kernels.expr import Load, Op, Reduce, Select
+    """The program with value names erased (loads named by operand slot and shift): two
+    segments computing the same thing over the same operand pattern share a kernel."""
 
-    def key(e) -> str:
-        if isinstance(e, Load):
-            return f"load{geo.load_slot[id(e)]}<<{e.shift}"
-        if isinstance(e, Op):
-            return f"{e.op}:{e.dtype}({','.join(key(a) for a in e.args)})"
-        if isinstance(e, Reduce):
-            return f"{e.op}:{e.dtype}:{e.correction}({key(e.arg)})"
-        if isinstance(e, Select):
-            return f"select{e.bounds}:{e.fill}({','.join(key(p) for p in e.pieces)})"
-        return repr(e)
+    def load_name(e) -> str:
+        return f"load{geo.load_slot[id(e)]}<<{e.shift}"
 
-    return " | ".join(("row " if st.is_row else "") + key(st.expr) for st in prog.stores)
+    return " | ".join(("row " if st.is_row else "") + render(st.expr, load_name, typed=True) for st in prog.stores)
