@@ -48,3 +48,13 @@ def pytest_collection_modifyitems(config, items):
         for prefix, reason in KNOWN_THUNDER_FAILURES.items():
             if item.name.startswith(prefix):
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_runtest_setup(item):
+    """Seed torch before each test. thunder's OpInfo samples draw from torch's global RNG
+    unseeded, and its float32 check compares element by element against torch's own fp32
+    result: about one sample in ten thousand (an instance_norm row of three nearly equal
+    values, where the variance cancels) lands thunder's decomposition a few ulps behind
+    torch's fused kernel. thunder's torch executor has the same odds (6,000 random
+    instance_norm samples: no failure for either). Seeding makes CI reproducible."""
+    torch.manual_seed(0)
