@@ -1,6 +1,11 @@
 import thunder_fuser  # noqa: F401  (restores torch compat stubs before thunder imports)
 
 import os
+import tempfile
+
+# CuTe DSL writes --keep-ptx dumps to the working directory unless told otherwise: keep
+# generated kernels out of the checkout (set before cutlass is imported)
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="thunder_fuser_dump_"))
 
 import pytest
 import torch
