@@ -69,7 +69,40 @@ def test_row_reductions_sum_max_min_mean_var():
 
 
 def test_layernorm_backward_on_kernels():
-    check_layernorm_backward("cuda", (64, 4096))
+    """Row reductions (dx) and column reductions (dw, db) beside full-domain stores."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        check_layernorm_backward("cuda", (64, 4096))
+        check_layernorm_backward("cuda", (1000, 4097))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_column_reductions(dtype):
+    """Reduced dims outer in memory: split over blocks, partials combined by a second launch."""
+
+    def f(x):
+        return x.sum(0), x.amax(0), x.amin(0), x.mean(0, keepdim=True)
+
+    run_without_fallback(f, _randn(3000, 4096, dtype=dtype))
+    run_without_fallback(f, _randn(7, 33, dtype=dtype))  # fewer rows than row groups; ragged columns
+    run_without_fallback(lambda x: x.sum((0, 1)), _randn(16, 512, 1000, dtype=dtype))
+
+
+def test_gelu_bias_backward_785():
+    from benchmarks.workloads import GELU_SCALARS, gelu_bias_backward
+
+    t = [_randn(4, 512, 4096) for _ in range(3)]
+    run_without_fallback(gelu_bias_backward, *t, *GELU_SCALARS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_too_long_for_registers(dtype):
+    """Rows past the persistent kernel's register budget re-read the row once per reduction."""
+    n = 1024 * 8 * 8 * 2 + 8  # more vectors than 1024 threads x 8 each hold, at every dtype
+    x, w, b = _randn(5, n, dtype=dtype), _randn(n, dtype=dtype), _randn(n, dtype=dtype)
+    run_without_fallback(softmax, x)
+    run_without_fallback(layernorm, x, w, b)
+    run_without_fallback(lambda x: (x.sum(-1), x.amax(-1), x.var(-1)), x)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -11,7 +11,9 @@ import pytest
 import thunder
 import torch
 
-from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
+from benchmarks.workloads import (
+    GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
+)
 from helpers import check_layernorm_backward, check_vs_eager
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import backend, segment_kernel
@@ -51,6 +53,11 @@ WORKLOADS = {
     ),
     "transposed input": (lambda a, b: a * b + 1, lambda: (_r(300, 257).t(), _r(257, 300))),
     "adam (copy_to_out_)": (adam_step, lambda: tuple([_r(4097), _r(64, 129).abs()] for _ in range(4))),
+    "column reductions": (lambda x: (x.sum(0), x.amax(0), x.mean((0, 1))), lambda: (_r(30, 20, 257),)),
+    "#785 bias gradient": (gelu_bias_backward, lambda: (*[_r(2, 16, 256) for _ in range(3)], *GELU_SCALARS)),
+    "rows too long for registers": (
+        lambda x: (torch.softmax(x, -1), x.var(-1)), lambda: (_r(3, 70000),)
+    ),
 }
 
 
@@ -88,8 +95,8 @@ def test_a_failing_kernel_falls_back_with_one_warning(monkeypatch):
 
 
 def test_unsupported_segment_reason(torch_kernels):
-    """A column reduction has no template yet: it runs on the reference backend."""
-    jfn, _ = check_vs_eager(lambda x: x.sum(0), _r(64, 33))
+    """A var over columns has no template: the segment runs on the reference backend."""
+    jfn, _ = check_vs_eager(lambda x: x.var(0), _r(64, 33))
     assert _kernels(jfn) == [("reference", None)]
 
 
@@ -114,6 +121,10 @@ FAMILIES = {
     "normalization (layernorm, block reduction)": (layernorm, lambda: (_r(8, 4096), _r(4096), _r(4096))),
     "resize (rotate-half + residual)": (rotate_half_residual, lambda: (_r(2, 4, 33, 128, dtype=torch.bfloat16),)),
     "copy_to_out_ (in-place Adam)": (adam_step, lambda: tuple([_r(4096)] for _ in range(4))),
+    "column reduction (#785 bias gradient)": (
+        gelu_bias_backward, lambda: (_r(2, 16, 256), _r(2, 16, 256), _r(2, 16, 256), *GELU_SCALARS)
+    ),
+    "normalization, row too long for registers (softmax, looped passes)": (softmax, lambda: (_r(2, 70000),)),
 }
 
 

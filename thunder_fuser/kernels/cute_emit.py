@@ -34,7 +34,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_tensor
 
 from thunder_fuser.kernels.expr import Load, Op, Program, Reduce, Select, Unsupported, dtype_of, subexpressions
-from thunder_fuser.kernels.geometry import Geometry
+from thunder_fuser.kernels.geometry import COLUMN_THREADS, Geometry
 
 DTYPES = {
     torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
@@ -215,9 +215,9 @@ def _put_if(frag: cute.Tensor, value, pred: cutlass.Boolean):
 
 
 @cute.jit
-def _store_scalar_if(t2: cute.Tensor, m, value, pred: cutlass.Boolean):
+def _store_scalar_if(t2: cute.Tensor, m, n, value, pred: cutlass.Boolean):
     if pred:
-        t2[(m, 0)] = value
+        t2[(m, n)] = value
 
 
 @cute.jit
@@ -288,6 +288,43 @@ def _frag(shape, dt):
     return cute.make_rmem_tensor(shape, cute_dtype(dt))
 
 
+def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False):
+    """Vector ``j`` of row ``m`` of operand ``o``: one access (stride 1), one element for all
+    (stride 0) or ``V`` accesses; zeros where ``pred`` is false. ``tail``: ``N`` may end
+    inside the vector (1-D pointwise only)."""
+    mode = _mode(o, V)
+    if mode == "bcast":
+        one = _frag((1, 1), o.dtype)
+        one.fill(0)
+        _gather_if(one, t2, m, 0, 1, pred, 1)
+        return one.load().broadcast_to((1, V)) if V > 1 else one.load()
+    frag = _frag((1, V), o.dtype)
+    frag.fill(0)
+    if mode == "vec" and not tail:
+        _copy_if(tv[(None, (m, j))], frag, pred)
+    elif mode == "vec":
+        _move_if_full(frag, tv[(None, (m, j))], t2, m, j * V, N, pred, V, False)
+    else:
+        _gather_if(frag, t2, m, j * V, N, pred, V)
+    return frag.load()
+
+
+def _store_vector(val, o, t2, tv, m, j, V, N, pred, tail=False):
+    frag = _frag((1, V), o.dtype)
+    frag.store(_vector(val, V, o.dtype))
+    mode = _mode(o, V)
+    if mode == "vec" and not tail:
+        _copy_if(frag, tv[(None, (m, j))], pred)
+    elif mode == "vec":
+        _move_if_full(frag, tv[(None, (m, j))], t2, m, j * V, N, pred, V, True)
+    else:
+        _scatter_if(frag, t2, m, j * V, N, pred, V)
+
+
+def _no_select(e, pieces):
+    raise Unsupported("cat/pad in a reduction kernel")
+
+
 # ---- pointwise ---------------------------------------------------------------------------
 
 def build_pointwise(prog: Program, geo: Geometry):
@@ -305,31 +342,20 @@ def build_pointwise(prog: Program, geo: Geometry):
             if slot in loaded:
                 return loaded[slot]
             o = ops[slot]
-            t2 = t2s[slot]
-            frag = _frag((1, V), o.dtype)
-            frag.fill(0)
-            mode = _mode(o, V)
-            if mode == "bcast":
-                one = _frag((1, 1), o.dtype)
-                one.fill(0)
-                _gather_if(one, t2, m, 0, 1, row_ok, 1)
-                val = one.load().broadcast_to((1, V)) if V > 1 else one.load()
-            else:
-                shift = ld.shift
-                if shift is not None:
-                    ext = o.shape[-1]
-                    pred = row_ok & (n0 >= shift) & (n0 < shift + ext)
-                    if mode == "vec":
-                        _copy_if(tvs[slot][(None, (m, j - shift // V))], frag, pred)
-                    else:
-                        _gather_if(frag, t2, m, n0 - shift, ext, pred, V)
-                elif mode == "vec" and not geo.tail:
-                    _copy_if(tvs[slot][(None, (m, j))], frag, row_ok)
-                elif mode == "vec":
-                    _move_if_full(frag, tvs[slot][(None, (m, j))], t2, m, n0, N, row_ok, V, False)
+            shift = ld.shift
+            if shift is not None and _mode(o, V) != "bcast":
+                t2 = t2s[slot]
+                frag = _frag((1, V), o.dtype)
+                frag.fill(0)
+                ext = o.shape[-1]
+                pred = row_ok & (n0 >= shift) & (n0 < shift + ext)
+                if _mode(o, V) == "vec":
+                    _copy_if(tvs[slot][(None, (m, j - shift // V))], frag, pred)
                 else:
-                    _gather_if(frag, t2, m, n0, N, row_ok, V)
+                    _gather_if(frag, t2, m, n0 - shift, ext, pred, V)
                 val = frag.load()
+            else:
+                val = _load_vector(o, t2s[slot], tvs[slot], m, j, V, N, row_ok, geo.tail)
             loaded[slot] = val
             return val
 
@@ -342,16 +368,7 @@ def build_pointwise(prog: Program, geo: Geometry):
 
         ev = Evaluator(load, None, select)
         for st, slot in zip(prog.stores, geo.store_slot):
-            o = ops[slot]
-            val = _vector(ev.ev(st.expr), V, o.dtype)
-            frag = _frag((1, V), o.dtype)
-            frag.store(val)
-            if _mode(o, V) == "vec" and not geo.tail:
-                _copy_if(frag, tvs[slot][(None, (m, j))], row_ok)
-            elif _mode(o, V) == "vec":
-                _move_if_full(frag, tvs[slot][(None, (m, j))], t2s[slot], m, n0, N, row_ok, V, True)
-            else:
-                _scatter_if(frag, t2s[slot], m, n0, N, row_ok, V)
+            _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, V, N, row_ok, geo.tail)
 
     @cute.kernel
     def kernel(t2s, tvs, M: cutlass.Int32, N: cutlass.Int32, nvec: cutlass.Int32):
@@ -381,16 +398,49 @@ def _vector(x, V, dt):
     return cute.full((1, V), _cast(x, dt), cute_dtype(dt))
 
 
-# ---- persistent rows ---------------------------------------------------------------------
+# ---- rows ----------------------------------------------------------------------------------
 
 _REDUCE = {
     "sum": (cute.ReductionOp.ADD, operator.add, 0.0),
     "amax": (cute.ReductionOp.MAX, lambda a, b: cute.arch.fmax(a, b), -math.inf),
     "amin": (cute.ReductionOp.MIN, lambda a, b: cutlass.min(a, b), math.inf),
 }
+# element-wise combine of two fp32 vectors (or scalars), NaN-propagating like torch
+_COMBINE = {"sum": operator.add, "mean": operator.add, "amax": _maximum, "amin": _minimum}
+_IDENTITY = {"sum": 0.0, "mean": 0.0, "amax": -math.inf, "amin": math.inf}
+
+
+@cute.jit
+def _for_range(start, stop, step: cutlass.Constexpr, fn: cutlass.Constexpr):
+    """A run-time loop whose body ``fn(i)`` is plain Python emitting IR (the DSL rewrites
+    loops only in jit functions). Values leave the body through register tensors."""
+    for i in cutlass.range(start, stop, step):
+        fn(i)
+
+
+def _reduce_order(prog: Program) -> list:
+    """Every reduction of the program, each after the reductions its argument uses."""
+    order, seen = [], set()
+
+    def visit(e):
+        for x in subexpressions([e]):
+            if isinstance(x, Reduce) and x is not e and id(x) not in seen:
+                visit(x)
+        if isinstance(e, Reduce) and id(e) not in seen:
+            seen.add(id(e))
+            order.append(e)
+
+    for st in prog.stores:
+        for x in subexpressions([st.expr]):
+            if isinstance(x, Reduce):
+                visit(x)
+    return order
 
 
 def build_rows(prog: Program, geo: Geometry):
+    """Row reductions: ``row_threads`` threads per row, the row in registers
+    (``row_vectors`` vectors per thread) or, for a row too long for registers, re-read from
+    global memory once per reduction and once for the stores (``row_vectors == 0``)."""
     V, K, Tr = geo.vector, geo.row_vectors, geo.row_threads
     T = Tr if Tr > 32 else 128  # a block reduction serves one row; warp-sized rows share a block
     rows_per_block = T // Tr
@@ -399,6 +449,23 @@ def build_rows(prog: Program, geo: Geometry):
     ops = geo.operands
     ref_slot = next((s for s, st in zip(geo.store_slot, prog.stores) if not st.is_row), geo.store_slot[0])
     n_reductions = _count_reductions(prog)
+
+    def finish(part, op, tidx, acc_iter):
+        """A thread's partial of ``op`` reduced over the row's threads."""
+        _, combine, identity = _REDUCE[op]
+        part = cute.arch.warp_reduction(part, combine, threads_in_group=min(Tr, 32))
+        if Tr > 32:
+            part = _block_reduce(part, next(acc_iter), tidx, warps, combine, identity)
+        return part
+
+    def store_rows(t2s, m, rt, row_ok, ev):
+        for st, slot in zip(prog.stores, geo.store_slot):
+            if st.is_row:
+                o = ops[slot]
+                val = ev.ev(st.expr)
+                if isinstance(val, cute.TensorSSA):
+                    raise Unsupported("a row result that is a vector")
+                _store_scalar_if(t2s[slot], m, 0, _cast(val, o.dtype), row_ok & (rt == 0))
 
     def body(t2s, tvs, m, rt, tidx, N, row_ok, accs):
         nvec = N // V
@@ -410,28 +477,12 @@ def build_rows(prog: Program, geo: Geometry):
         def load_chunk(c):
             def load(ld: Load):
                 slot = geo.load_slot[id(ld)]
-                key = (slot, c)
-                if key in loaded:
-                    return loaded[key]
                 o = ops[slot]
-                if _mode(o, V) == "bcast":
-                    if (slot, -1) not in loaded:
-                        one = _frag((1, 1), o.dtype)
-                        one.fill(0)
-                        _gather_if(one, t2s[slot], m, 0, 1, row_ok, 1)
-                        loaded[(slot, -1)] = one.load().broadcast_to((1, V)) if V > 1 else one.load()
-                    val = loaded[(slot, -1)]
-                else:
-                    frag = _frag((1, V), o.dtype)
-                    frag.fill(0)
-                    j = rt + c * Tr
-                    if _mode(o, V) == "vec":
-                        _copy_if(tvs[slot][(None, (m, j))], frag, chunk_ok[c])
-                    else:
-                        _gather_if(frag, t2s[slot], m, j * V, N, chunk_ok[c], V)
-                    val = frag.load()
-                loaded[key] = val
-                return val
+                key = (slot, -1 if _mode(o, V) == "bcast" else c)  # a per-row scalar is read once
+                if key not in loaded:
+                    pred = row_ok if key[1] < 0 else chunk_ok[c]
+                    loaded[key] = _load_vector(o, t2s[slot], tvs[slot], m, rt + c * Tr, V, N, pred)
+                return loaded[key]
             return load
 
         chunks = []
@@ -459,33 +510,68 @@ def build_rows(prog: Program, geo: Geometry):
             for c, v in enumerate(vectors):
                 r = v.reduce(red_op, identity, 0)
                 part = combine(part, cutlass.Float32(cutlass.select_(chunk_ok[c], r, cutlass.Float32(identity))))
-            part = cute.arch.warp_reduction(part, combine, threads_in_group=min(Tr, 32))
-            if Tr > 32:
-                part = _block_reduce(part, next(acc_iter), tidx, warps, combine, identity)
-            return part
-
-        def no_select(e, pieces):
-            raise Unsupported("cat/pad in a row kernel")
+            return finish(part, op, tidx, acc_iter)
 
         for c in range(K):
-            chunks.append(Evaluator(load_chunk(c), row_value, no_select))
+            chunks.append(Evaluator(load_chunk(c), row_value, _no_select))
+        store_rows(t2s, m, rt, row_ok, chunks[0])
         for st, slot in zip(prog.stores, geo.store_slot):
-            o = ops[slot]
-            if st.is_row:
-                val = chunks[0].ev(st.expr)
-                if isinstance(val, cute.TensorSSA):
-                    raise Unsupported("a row result that is a vector")
-                _store_scalar_if(t2s[slot], m, _cast(val, o.dtype) if not isinstance(val, (int, float)) else val,
-                                 row_ok & (rt == 0))
-                continue
-            for c in range(K):
-                frag = _frag((1, V), o.dtype)
-                frag.store(_vector(chunks[c].ev(st.expr), V, o.dtype))
-                j = rt + c * Tr
-                if _mode(o, V) == "vec":
-                    _copy_if(frag, tvs[slot][(None, (m, j))], chunk_ok[c])
-                else:
-                    _scatter_if(frag, t2s[slot], m, j * V, N, chunk_ok[c], V)
+            if not st.is_row:
+                for c in range(K):
+                    o = ops[slot]
+                    _store_vector(chunks[c].ev(st.expr), o, t2s[slot], tvs[slot], m, rt + c * Tr, V, N, chunk_ok[c])
+
+    def body_looped(t2s, tvs, m, rt, tidx, N, row_ok, accs):
+        """One row per block of ``Tr`` threads; thread ``rt`` visits vectors rt, rt+Tr, ...
+        in every pass. Reductions run in dependency order (softmax: max, then the sum of
+        exp(x - max)); a later pass reads the earlier results as row scalars."""
+        nvec = N // V
+        acc_iter = iter(accs)
+        values: dict = {}
+
+        def chunk(j):
+            loaded = {}
+
+            def load(ld: Load):
+                slot = geo.load_slot[id(ld)]
+                if slot not in loaded:
+                    loaded[slot] = _load_vector(ops[slot], t2s[slot], tvs[slot], m, j, V, N, row_ok)
+                return loaded[slot]
+            return Evaluator(load, lambda e: values[id(e)], _no_select)
+
+        def reduce_pass(op, arg, center=None):
+            red_op, _, identity = _REDUCE[op]
+            acc = _frag((1, V), torch.float32)
+            acc.fill(identity)
+
+            def step(j):
+                x = _vector(chunk(j).ev(arg), V, torch.float32)
+                if center is not None:
+                    x = (x - center) * (x - center)
+                acc.store(_COMBINE[op](acc.load(), x))
+
+            _for_range(rt, nvec, Tr, step)
+            return finish(acc.load().reduce(red_op, identity, 0), op, tidx, acc_iter)
+
+        for e in _reduce_order(prog):
+            if e.op in ("mean", "var"):
+                mean = reduce_pass("sum", e.arg) / N.to(cutlass.Float32)
+                r = mean if e.op == "mean" else reduce_pass("sum", e.arg, mean) / (N.to(cutlass.Float32) - e.correction)
+            else:
+                r = reduce_pass(e.op, e.arg)
+            values[id(e)] = _cast(r, e.dtype) if e.dtype != torch.float32 else r
+        store_rows(t2s, m, rt, row_ok, Evaluator(None, lambda e: values[id(e)], _no_select))
+        full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
+
+        def store_step(j):
+            ev = chunk(j)
+            for st, slot in full:
+                _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, V, N, row_ok)
+
+        if full:
+            _for_range(rt, nvec, Tr, store_step)
+
+    row_body = body if K else body_looped
 
     @cute.kernel
     def kernel(t2s, tvs, M: cutlass.Int32, N: cutlass.Int32):
@@ -493,7 +579,7 @@ def build_rows(prog: Program, geo: Geometry):
         bidx, _, _ = cute.arch.block_idx()
         m = bidx * rows_per_block + tidx // Tr
         rt = tidx % Tr
-        body(t2s, tvs, m, rt, tidx, N, m < M, _shared_accumulators(Tr, warps, n_reductions))
+        row_body(t2s, tvs, m, rt, tidx, N, m < M, _shared_accumulators(Tr, warps, n_reductions))
 
     @cute.jit
     def launch(ts, stream):
@@ -518,5 +604,131 @@ def _count_reductions(prog: Program) -> int:
     return 2 * found + 1
 
 
+# ---- columns -------------------------------------------------------------------------------
+
+@cute.jit
+def _groups_to_workspace(acc: cute.Tensor, buf: cute.Tensor, ws: cute.Tensor, tidx, split, col0, offset, N,
+                         V: cutlass.Constexpr, CW: cutlass.Constexpr, RG: cutlass.Constexpr,
+                         combine: cutlass.Constexpr):
+    """The block's row groups combined through shared memory; thread t then writes the
+    partial of column ``col0 + t`` for this split (coalesced)."""
+    cl = tidx % CW
+    rg = tidx // CW
+    for k in cutlass.range_constexpr(V):
+        buf[k + V * cl + V * CW * rg] = acc[k]
+    cute.arch.sync_threads()
+    if tidx < V * CW:
+        v = buf[tidx]
+        for g in cutlass.range_constexpr(1, RG):
+            v = combine(v, buf[tidx + V * CW * g])
+        if col0 + tidx < N:
+            ws[(split, offset + col0 + tidx)] = v
+
+
+@cute.jit
+def _combine_splits(ws: cute.Tensor, col, pred: cutlass.Boolean, combine: cutlass.Constexpr,
+                    identity: cutlass.Constexpr):
+    v = cutlass.Float32(identity)
+    if pred:
+        for s in cutlass.range(cute.size(ws, mode=[0])):
+            v = combine(v, ws[(s, col)])
+    return v
+
+
+def build_columns(prog: Program, geo: Geometry):
+    """Column reductions (the kept dims innermost in memory), in two launches and no atomics,
+    so the result is deterministic. The first: blocks of ``col_vectors`` column vectors x
+    row groups, one grid row per split of the reduced extent; each thread walks its rows,
+    stores the full-domain values on the way and accumulates each reduction in fp32
+    registers, then the block's row groups combine through shared memory into the split's
+    partial in a workspace. The second: one thread per column combines the splits and
+    computes and stores the per-column values."""
+    V, CW = geo.vector, geo.col_vectors
+    T = COLUMN_THREADS
+    RG = T // CW
+    rank = len(geo.outer) + 1
+    ops = geo.operands
+    ref_slot = geo.store_slot[0]
+    reduces = _reduce_order(prog)
+    full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
+    per_column = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if st.is_row]
+
+    def no_row_value(e):
+        raise Unsupported("a reduction inside a column reduction's argument")
+
+    def partial_body(t2s, tvs, ws, M, N, per, tidx, bx, split):
+        j = bx * CW + tidx % CW
+        ok = j < N // V
+        accs = []
+        for e in reduces:
+            a = _frag((1, V), torch.float32)
+            a.fill(_IDENTITY[e.op])
+            accs.append(a)
+
+        def step(m):
+            loaded = {}
+
+            def load(ld: Load):
+                slot = geo.load_slot[id(ld)]
+                if slot not in loaded:
+                    loaded[slot] = _load_vector(ops[slot], t2s[slot], tvs[slot], m, j, V, N, ok)
+                return loaded[slot]
+
+            ev = Evaluator(load, no_row_value, _no_select)
+            for st, slot in full:
+                _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, V, N, ok)
+            for e, acc in zip(reduces, accs):
+                acc.store(_COMBINE[e.op](acc.load(), _vector(ev.ev(e.arg), V, torch.float32)))
+
+        r0 = split * per
+        _for_range(r0 + tidx // CW, cutlass.min(M, r0 + per), RG, step)
+        smem = cutlass.utils.SmemAllocator()
+        for k, (e, acc) in enumerate(zip(reduces, accs)):
+            buf = smem.allocate_tensor(cutlass.Float32, V * T)
+            _groups_to_workspace(acc, buf, ws, tidx, split, bx * CW * V, k * N, N, V, CW, RG, _COMBINE[e.op])
+
+    def finalize_body(t2s, ws, M, N, c):
+        ok = c < N
+        values = {}
+        for k, e in enumerate(reduces):
+            r = _combine_splits(ws, k * N + c, ok, _COMBINE[e.op], _IDENTITY[e.op])
+            if e.op == "mean":
+                r = r / M.to(cutlass.Float32)
+            values[id(e)] = _cast(r, e.dtype) if e.dtype != torch.float32 else r
+        ev = Evaluator(None, lambda e: values[id(e)], _no_select)
+        for st, slot in per_column:
+            _store_scalar_if(t2s[slot], 0, c, _cast(ev.ev(st.expr), ops[slot].dtype), ok)
+
+    @cute.kernel
+    def partial(t2s, tvs, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, split, _ = cute.arch.block_idx()
+        partial_body(t2s, tvs, ws, M, N, per, tidx, bx, split)
+
+    @cute.kernel
+    def finalize(t2s, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        finalize_body(t2s, ws, M, N, bidx * T + tidx)
+
+    @cute.jit
+    def launch(ts, ws: cute.Tensor, per: cutlass.Int32, stream):
+        t2s, tvs, M, N = _operand_views(ts, rank, V, ref_slot)
+        blocks_x = (N // V + CW - 1) // CW
+        partial(t2s, tvs, ws, M, N, per).launch(grid=[blocks_x, cute.size(ws, mode=[0]), 1], block=[T, 1, 1],
+                                                stream=stream)
+        finalize(t2s, ws, M, N).launch(grid=[(N + T - 1) // T, 1, 1], block=[T, 1, 1], stream=stream)
+
+    return launch
+
+
+def fake_workspace():
+    """The column kernels' fp32 workspace ``[splits, reductions * N]``, extents symbolic."""
+    return make_fake_tensor(cutlass.Float32, (cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), 1),
+                            assumed_align=4)
+
+
 def build_launch(prog: Program, geo: Geometry):
+    if geo.columns:
+        return build_columns(prog, geo)
     return build_rows(prog, geo) if prog.family == "rows" else build_pointwise(prog, geo)

@@ -10,8 +10,10 @@ strides, and every intermediate's strides follow from them). The result has two 
   kernel as ``[outer dims innermost-first..., N]``. Per call that is one ``as_strided``.
 
 Dims are ordered by the first stored output's allocation order (so its innermost dim is the
-vector dim); a row kernel puts the reduced dims innermost. Adjacent dims merge when every
-operand steps through them as through one dim (the TensorIterator rule).
+vector dim). A reduction whose reduced dims are innermost in memory is a *row* reduction
+(the reduced dims go innermost); one whose kept dims are innermost is a *column* reduction
+(the kept dims go innermost, as the vector dim, and the reduced dims outer). Adjacent dims
+merge when every operand steps through them as through one dim (the TensorIterator rule).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from thunder_fuser.kernels.expr import Load, Program, Unsupported
 MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
 ROW_THREADS = (32, 64, 128, 256, 512, 1024)
 MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value
+COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,9 @@ class Geometry:
     vector: int
     tail: bool  # N % vector != 0 (only without outer dims): the last vector is predicated
     row_threads: int = 0
-    row_vectors: int = 0
+    row_vectors: int = 0  # 0 with row_threads set: the row is too long for registers (looped passes)
+    columns: bool = False  # a column reduction: the reduced dims are the outer ones
+    col_vectors: int = 0  # column vectors per block (columns only)
     select_bounds: tuple = ()  # per Select, its bounds (compile-time constants)
     bases: list = field(default_factory=list)  # the first call's tensors the operands view
 
@@ -62,7 +67,7 @@ class Geometry:
             (str(o.dtype), o.is_store, o.inner_mode, tuple(s == 0 for s in o.stride[:-1]), o.shape[-1] if o.shape[-1] != self.n else -1)
             for o in self.operands
         )
-        return (len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors)
+        return (len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors)
 
 
 def _view(base: torch.Tensor, views) -> torch.Tensor:
@@ -99,12 +104,26 @@ def _numel(shape) -> int:
     return n
 
 
-def _order(ref: torch.Tensor, reduced, select_dim) -> list[int]:
-    """Domain dims outermost first: by the reference operand's strides; reduced dims (rows)
-    and the select dim (cat/pad) innermost."""
-    nd = ref.ndim
-    by_stride = sorted(range(nd), key=lambda d: (-ref.stride(d) if ref.shape[d] != 1 else 0, d))
-    inner = [d for d in by_stride if d in reduced] if reduced else ([select_dim] if select_dim is not None else [])
+def _by_stride(ref: torch.Tensor) -> list[int]:
+    return sorted(range(ref.ndim), key=lambda d: (-ref.stride(d) if ref.shape[d] != 1 else 0, d))
+
+
+def _kept_innermost(ref: torch.Tensor, reduced) -> bool:
+    """Is the reference operand's fastest dim (of more than one element) a kept one?"""
+    inner = [d for d in _by_stride(ref) if ref.shape[d] > 1]
+    return bool(inner) and inner[-1] not in reduced
+
+
+def _order(ref: torch.Tensor, reduced, select_dim, columns: bool) -> list[int]:
+    """Domain dims outermost first: by the reference operand's strides; reduced dims (rows),
+    kept dims (columns) or the select dim (cat/pad) innermost."""
+    by_stride = _by_stride(ref)
+    if columns:
+        inner = [d for d in by_stride if d not in reduced]
+    elif reduced:
+        inner = [d for d in by_stride if d in reduced]
+    else:
+        inner = [select_dim] if select_dim is not None else []
     return [d for d in by_stride if d not in inner] + inner
 
 
@@ -145,8 +164,14 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     ref = full_stores[0] if full_stores else next(iter(load_view.values()))[0]
     if ref.ndim != len(domain):
         ref = store_views[0][0]
-    order = _order(ref, reduced, prog.select_dim)
-    fixed_inner = len(order) - (len(reduced) if reduced else (1 if prog.select_dim is not None else 0))
+    columns = prog.family == "rows" and _kept_innermost(ref, reduced)
+    if columns:
+        _check_column_program(prog)
+    order = _order(ref, reduced, prog.select_dim, columns)
+    if columns:
+        fixed_inner = len(reduced)
+    else:
+        fixed_inner = len(order) - (len(reduced) if reduced else (1 if prog.select_dim is not None else 0))
 
     all_views = [v for v, _ in load_view.values()] + [v for v, _ in store_views]
     # drop size-1 dims, then merge neighbours every operand walks through as one dim
@@ -163,8 +188,11 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
         groups.append([d])
     if not groups:
         groups = [[order[-1]]] if order else []
-    n_inner = 1
-    if reduced:
+    if columns:
+        kept_groups = [g for g in groups if g[0] not in reduced]
+        if len(kept_groups) != 1:
+            raise Unsupported("the kept dims of a column reduction are not one contiguous run for every operand")
+    elif reduced:
         inner_groups = [g for g in groups if g[0] in reduced]
         if len(inner_groups) != 1:
             raise Unsupported(f"the reduced dims {sorted(reduced)} are not one contiguous run for every operand")
@@ -206,8 +234,8 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     outer = tuple(_numel(domain[d] for d in g) for g in outer_groups)
     n = _numel(domain[d] for d in inner_group) if inner_group else 1
 
-    if prog.family == "rows" and any(o.inner_mode == "gather" and not o.is_store for o in operands):
-        raise Unsupported("a column reduction (the reduced dims are not innermost in memory)")
+    if prog.family == "rows" and not columns and any(o.inner_mode == "gather" and not o.is_store for o in operands):
+        raise Unsupported("a reduction over dims that are innermost for some operands and not for others")
     vec_ops = [o for o in operands if o.inner_mode == "vec"]
     itemsize = min((o.dtype.itemsize for o in vec_ops), default=4)
     vector = min(MAX_VECTOR, max(1, 16 // itemsize)) if vec_ops else 1
@@ -215,8 +243,12 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     while vector > 1 and not _vector_fits(vector, operands, bases, n, bool(outer) or prog.family == "rows", bounds):
         vector //= 2
     tail = n % vector != 0
-    geo = Geometry(operands, load_slot, store_slot, outer, n, vector, tail, select_bounds=bounds, bases=bases)
-    if prog.family == "rows":
+    geo = Geometry(
+        operands, load_slot, store_slot, outer, n, vector, tail, select_bounds=bounds, bases=bases, columns=columns
+    )
+    if columns:
+        geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
+    elif prog.family == "rows":
         _row_tiling(geo)
     if _numel(outer) * max(1, -(-n // vector)) >= 2**31:
         raise Unsupported("more than 2**31 vectors")
@@ -260,13 +292,42 @@ def aligned(geo: Geometry, tensors) -> bool:
 
 
 def _row_tiling(geo: Geometry) -> None:
+    """Threads per row and vectors per thread for a row held in registers; a longer row
+    gets 1024 threads and ``row_vectors = 0``: each reduction re-reads it (looped passes)."""
     nvec = -(-geo.n // geo.vector)
     for threads in ROW_THREADS:
         k = -(-nvec // threads)
         if k <= MAX_ROW_VECTORS and (k <= 4 or threads >= 256):
             geo.row_threads, geo.row_vectors = threads, k
             return
-    raise Unsupported(f"a row of {geo.n} elements exceeds the persistent-row kernel ({1024 * MAX_ROW_VECTORS * geo.vector})")
+    geo.row_threads, geo.row_vectors = ROW_THREADS[-1], 0
+
+
+def _check_column_program(prog: Program) -> None:
+    """A column kernel finishes its reductions only after every block is done (a second
+    launch combines the blocks' partial results), so nothing stored over the whole domain
+    may depend on one."""
+    from thunder_fuser.kernels.expr import Reduce, subexpressions
+
+    for st in prog.stores:
+        if not st.is_row and any(isinstance(e, Reduce) for e in subexpressions([st.expr])):
+            raise Unsupported(
+                f"{st.target.name} is computed from a column reduction over the whole domain (it would need a grid-wide sync)"
+            )
+    for e in subexpressions(st.expr for st in prog.stores):
+        if isinstance(e, Reduce) and e.op == "var":
+            raise Unsupported("var over columns (the kept dims are innermost in memory)")
+
+
+def column_splits(geo: Geometry, sm_count: int) -> tuple[int, int]:
+    """(splits of the reduced extent, rows per split) for a column reduction: enough blocks
+    to fill the GPU about eight times over, each thread still reading at least four rows."""
+    m = _numel(geo.outer)
+    groups = COLUMN_THREADS // geo.col_vectors
+    blocks_x = -(-(-(-geo.n // geo.vector)) // geo.col_vectors)
+    splits = max(1, min(-(-8 * sm_count // blocks_x), -(-m // (4 * groups))))
+    per = -(-m // splits)
+    return -(-m // per), per
 
 
 def views_for_call(geo: Geometry, bases) -> list[torch.Tensor]:

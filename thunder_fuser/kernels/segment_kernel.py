@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from thunder_fuser.kernels import cache
-from thunder_fuser.kernels.expr import Program, Unsupported, lower_segment, render
-from thunder_fuser.kernels.geometry import Geometry, aligned, build_geometry, views_for_call
+from thunder_fuser.kernels.expr import Program, Reduce, Unsupported, lower_segment, render, subexpressions
+from thunder_fuser.kernels.geometry import Geometry, aligned, build_geometry, column_splits, views_for_call
 from thunder_fuser.layout import strides_for_order
 
 
@@ -26,6 +26,13 @@ class _Part:
         self.fn = None
         self.allocs: list = []  # per store: (shape, strides, dtype) to allocate, or None (a write)
         self.base_refs: list = []  # per geometry base: ("store", i) or ("env", value id)
+        self.workspace: tuple | None = None  # column reductions: (splits, width) of the fp32 partials
+        self.rows_per_split = 0
+
+    def extra_args(self, device) -> tuple:
+        if self.workspace is None:
+            return ()
+        return (torch.empty(self.workspace, dtype=torch.float32, device=device), self.rows_per_split)
 
 
 class SegmentKernel:
@@ -58,6 +65,9 @@ class SegmentKernel:
                     ref = next(("env", id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
                 refs.append(ref)
             part.base_refs, part.geo = refs, geo
+            if geo.columns:
+                splits, part.rows_per_split = column_splits(geo, _sm_count(device))
+                part.workspace = (splits, max(1, _reduction_count(part.prog)) * geo.n)
             if self.mode == "cute":
                 part.fn = compile_program(part.prog, geo, device)
         self.device = device
@@ -76,7 +86,7 @@ class SegmentKernel:
             done.append((part, stores, views_for_call(part.geo, bases)))
         for part, stores, views in done:
             if self.mode == "cute":
-                part.fn(tuple(views))
+                part.fn(tuple(views), *part.extra_args(self.device))
             else:
                 from thunder_fuser.kernels.torch_eval import run_program
 
@@ -133,11 +143,23 @@ def compile_program(prog: Program, geo: Geometry, device):
         from cutlass.cute.runtime import make_fake_stream
 
         launch = cute_emit.build_launch(prog, geo)
-        fakes = cute_emit.fake_operands(geo)
+        args = [cute_emit.fake_operands(geo)]
+        if geo.columns:
+            args += [cute_emit.fake_workspace(), 1]
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-        return cute.compile(launch, fakes, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)
+        return cute.compile(launch, *args, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)
 
     return cache.get_or_compile(key, build)
+
+
+def _sm_count(device) -> int:
+    if device is not None and getattr(device, "type", None) == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # an H100 SXM: what CI's PTX compile and the CPU check assume
+
+
+def _reduction_count(prog: Program) -> int:
+    return sum(isinstance(e, Reduce) for e in subexpressions(st.expr for st in prog.stores))
 
 
 def _arch(device) -> str:

@@ -17,6 +17,9 @@ from thunder_fuser.kernels.geometry import Geometry
 
 def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None:
     memo: dict[int, object] = {}
+    ndim = len(geo.outer) + 1
+    # a row kernel reduces the last dim; a column kernel every dim but the last
+    reduced_dims = tuple(range(ndim - 1)) if geo.columns else (ndim - 1,)
 
     def ev(e):
         if isinstance(e, (bool, int, float)):
@@ -29,12 +32,13 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
             r = REFERENCE_IMPLS[e.op](*[ev(a) for a in e.args], *((e.dtype,) if e.op == "convert_element_type" else ()))
             r = _conform(r, _Typed(e.dtype))
         elif isinstance(e, Reduce):
-            x = ev(e.arg)
+            x = torch.as_tensor(ev(e.arg)).expand(views[geo.store_slot[0]].shape)
+            dims = reduced_dims
             if e.op in ("var", "mean"):
-                var, mean = torch.var_mean(x, -1, correction=e.correction, keepdim=True)
+                var, mean = torch.var_mean(x, dims, correction=e.correction, keepdim=True)
                 r = var if e.op == "var" else mean
             else:
-                r = {"sum": torch.sum, "amax": torch.amax, "amin": torch.amin}[e.op](x, -1, keepdim=True)
+                r = {"sum": torch.sum, "amax": torch.amax, "amin": torch.amin}[e.op](x, dims, keepdim=True)
             r = r.to(e.dtype)
         elif isinstance(e, Select):
             shape = (*views[geo.store_slot[0]].shape[:-1], geo.n)
@@ -49,8 +53,9 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
     for st, slot in zip(prog.stores, geo.store_slot):
         v = views[slot]
         r = torch.as_tensor(ev(st.expr), device=v.device).expand(v.shape)
-        if st.is_row:  # one number per row: the view repeats it along the row
-            v, r = v[..., :1], r[..., :1]
+        if st.is_row:  # one number per row (column): the view repeats it along the reduced dims
+            one = tuple(slice(0, 1) if d in reduced_dims else slice(None) for d in range(ndim))
+            v, r = v[one], r[one]
         v.copy_(r)
 
 
