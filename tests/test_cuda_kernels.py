@@ -22,6 +22,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 @pytest.fixture(autouse=True)
 def nan_outputs(monkeypatch):
     monkeypatch.setattr(segment_kernel, "FILL_NAN", True)
+    monkeypatch.setenv("THUNDER_FUSER_UNVERIFIED", "all")  # this suite is what verifies them
 
 
 def _randn(*shape, dtype=torch.float32):

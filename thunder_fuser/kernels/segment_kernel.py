@@ -65,6 +65,8 @@ class SegmentKernel:
                     ref = next(("env", id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
                 refs.append(ref)
             part.base_refs, part.geo = refs, geo
+            if self.mode == "cute":
+                _check_verified(geo)
             if geo.columns:
                 splits, part.rows_per_split = column_splits(geo, _sm_count(device))
                 part.workspace = (splits, max(1, _reduction_count(part.prog)) * geo.n)
@@ -150,6 +152,17 @@ def compile_program(prog: Program, geo: Geometry, device):
         return cute.compile(launch, *args, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)
 
     return cache.get_or_compile(key, build)
+
+
+def _check_verified(geo: Geometry) -> None:
+    from thunder_fuser.kernels.backend import UNVERIFIED, unverified_enabled
+
+    name = "columns" if geo.columns else ("long-rows" if geo.row_threads and not geo.row_vectors else None)
+    if name is not None and not unverified_enabled(name):
+        raise Unsupported(
+            f"the kernel for {UNVERIFIED[name]} has not yet been checked on a GPU "
+            f"(THUNDER_FUSER_UNVERIFIED={name} uses it anyway)"
+        )
 
 
 def _sm_count(device) -> int:

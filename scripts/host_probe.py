@@ -1,0 +1,73 @@
+"""Where the host time of one small region call goes (dev aid; run on the GPU machine).
+
+Prints microseconds per call, each from the wall clock of many back-to-back calls, for the
+pieces of a region call: thunder's call, our runner, the plan's run, the segment's run, the
+bare TVM-FFI kernel call, and the torch pieces the run makes (allocation, as_strided), beside
+one eager op."""
+import time
+
+import thunder_fuser  # noqa: F401
+import thunder
+import torch
+
+from benchmarks.workloads import gelu_bias
+from thunder_fuser import fuser_ex
+from thunder_fuser.runtime.region_runner import RegionRunner
+
+
+def us(fn, n=2000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def main():
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x, b = torch.randn(8, 64, **bf), torch.randn(64, **bf)
+    seen = []
+    orig = RegionRunner.__call__
+
+    def rec(self, *a):
+        seen.append((self, a))
+        return orig(self, *a)
+
+    RegionRunner.__call__ = rec
+    j = thunder.jit(gelu_bias, executors=[fuser_ex])
+    j(x, b)
+    RegionRunner.__call__ = orig
+    runner, args = seen[-1]
+    plan = runner.plan_for(args)
+    seg = plan.schedule.order[0]
+    k = plan.kernels[seg.index]
+    part = k.parts[0]
+    env = {id(v): a for v, a in zip(plan.region.inputs, args)}
+    from thunder_fuser.kernels.geometry import views_for_call
+    from thunder_fuser.kernels.segment_kernel import _store_tensors
+
+    stores = _store_tensors(part, env, k.device)
+    bases = [stores[r[1]] if r[0] == "store" else env[r[1]] for r in part.base_refs]
+    views = tuple(views_for_call(part.geo, bases))
+    rows = [
+        ("eager x + 1", lambda: x + 1),
+        ("eager gelu(x + b)", lambda: gelu_bias(x, b)),
+        ("thunder + fuser call", lambda: j(x, b)),
+        ("region runner", lambda: runner(*args)),
+        ("plan.run", lambda: plan.run(args)),
+        ("segment kernel run", lambda: k.run(dict(env))),
+        ("bare TVM-FFI kernel call", lambda: part.fn(views)),
+        ("torch.empty_strided", lambda: torch.empty_strided((8, 64), (64, 1), **bf)),
+        ("one as_strided", lambda: x.as_strided((512,), (1,), 0)),
+        ("views_for_call", lambda: views_for_call(part.geo, bases)),
+    ]
+    print("host us per call")
+    for name, fn in rows:
+        print(f"  {name:28s} {us(fn):7.1f}")
+
+
+if __name__ == "__main__":
+    main()
