@@ -61,9 +61,9 @@ def test_row_kernels(dtype, n):
     run_without_fallback(layernorm, x, w, b)
 
 
-def test_row_reductions_sum_max_min_mean_var():
+def test_row_reductions_sum_max_min_mean_var_prod():
     def f(x):
-        return x.sum(-1), x.amax(-1), x.amin(-1), x.mean(-1, keepdim=True), x.var(-1)
+        return x.sum(-1), x.amax(-1), x.amin(-1), x.mean(-1, keepdim=True), x.var(-1), (1 + 0.01 * x).prod(-1)
 
     run_without_fallback(f, _randn(65, 1000))
     run_without_fallback(f, _randn(3, 5, 77).transpose(0, 1))
@@ -82,7 +82,7 @@ def test_column_reductions(dtype):
     """Reduced dims outer in memory: split over blocks, partials combined by a second launch."""
 
     def f(x):
-        return x.sum(0), x.amax(0), x.amin(0), x.mean(0, keepdim=True)
+        return x.sum(0), x.amax(0), x.amin(0), x.mean(0, keepdim=True), (1 + 0.01 * x).prod(0)
 
     run_without_fallback(f, _randn(3000, 4096, dtype=dtype))
     run_without_fallback(f, _randn(7, 33, dtype=dtype))  # fewer rows than row groups; ragged columns

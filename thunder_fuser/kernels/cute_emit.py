@@ -64,12 +64,21 @@ def _cast(x, dt):
     return x.to(cute_dtype(dt))
 
 
-def _maximum(a, b):
-    return cute.where(a != a, a, cute.where(a > b, a, b))
+def _where(c, a, b):
+    """``cute.where`` for vectors, ``select_`` for run-time scalars."""
+    if isinstance(c, bool):
+        return a if c else b
+    if any(isinstance(x, cute.TensorSSA) for x in (c, a, b)):
+        return cute.where(c, a, b)
+    return cutlass.select_(c, a, b)
+
+
+def _maximum(a, b):  # NaN-propagating, like torch
+    return _where(a != a, a, _where(a > b, a, b))
 
 
 def _minimum(a, b):
-    return cute.where(a != a, a, cute.where(a < b, a, b))
+    return _where(a != a, a, _where(a < b, a, b))
 
 
 def _pow(a, b):
@@ -404,10 +413,11 @@ _REDUCE = {
     "sum": (cute.ReductionOp.ADD, operator.add, 0.0),
     "amax": (cute.ReductionOp.MAX, lambda a, b: cute.arch.fmax(a, b), -math.inf),
     "amin": (cute.ReductionOp.MIN, lambda a, b: cutlass.min(a, b), math.inf),
+    "prod": (cute.ReductionOp.MUL, operator.mul, 1.0),
 }
 # element-wise combine of two fp32 vectors (or scalars), NaN-propagating like torch
-_COMBINE = {"sum": operator.add, "mean": operator.add, "amax": _maximum, "amin": _minimum}
-_IDENTITY = {"sum": 0.0, "mean": 0.0, "amax": -math.inf, "amin": math.inf}
+_COMBINE = {"sum": operator.add, "mean": operator.add, "amax": _maximum, "amin": _minimum, "prod": operator.mul}
+_IDENTITY = {"sum": 0.0, "mean": 0.0, "amax": -math.inf, "amin": math.inf, "prod": 1.0}
 
 
 @cute.jit

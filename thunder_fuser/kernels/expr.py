@@ -103,7 +103,7 @@ def _is_number(a) -> bool:
 
 
 _SUPPORTED_POINTWISE = frozenset(POINTWISE) - {"full", "iota"}
-_SUPPORTED_REDUCTIONS = frozenset(("sum", "amax", "amin", "var", "var_mean"))
+_SUPPORTED_REDUCTIONS = frozenset(("sum", "amax", "amin", "prod", "var", "var_mean"))
 
 
 def lower_segment(seg: Segment) -> list[Program]:

@@ -38,7 +38,7 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
                 var, mean = torch.var_mean(x, dims, correction=e.correction, keepdim=True)
                 r = var if e.op == "var" else mean
             else:
-                r = {"sum": torch.sum, "amax": torch.amax, "amin": torch.amin}[e.op](x, dims, keepdim=True)
+                r = REFERENCE_IMPLS[e.op](x, dims).reshape([1 if d in dims else s for d, s in enumerate(x.shape)])
             r = r.to(e.dtype)
         elif isinstance(e, Select):
             shape = (*views[geo.store_slot[0]].shape[:-1], geo.n)
