@@ -50,7 +50,7 @@ def main():
     from thunder_fuser.kernels.segment_kernel import _store_tensors
 
     stores = _store_tensors(part, env, k.device)
-    bases = [stores[r[1]] if r[0] == "store" else env[r[1]] for r in part.base_refs]
+    bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
     views = tuple(views_for_call(part.geo, bases))
     rows = [
         ("eager x + 1", lambda: x + 1),

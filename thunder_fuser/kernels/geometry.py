@@ -61,6 +61,8 @@ class Geometry:
     col_vectors: int = 0  # column vectors per block (columns only)
     select_bounds: tuple = ()  # per Select, its bounds (compile-time constants)
     bases: list = field(default_factory=list)  # the first call's tensors the operands view
+    identity: tuple = ()  # per operand: is it its base tensor unchanged (no view needed)?
+    align_checks: tuple = ()  # per vector operand: (base, byte offset, alignment) checked per call
 
     def signature(self) -> tuple:
         ops = tuple(
@@ -246,6 +248,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     geo = Geometry(
         operands, load_slot, store_slot, outer, n, vector, tail, select_bounds=bounds, bases=bases, columns=columns
     )
+    _call_recipe(geo)
     if columns:
         geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
     elif prog.family == "rows":
@@ -281,14 +284,24 @@ def _vector_fits(vector, operands, bases, n, has_outer, bounds) -> bool:
 
 def aligned(geo: Geometry, tensors) -> bool:
     """Per call: do the base pointers still allow the vector width the kernel assumes?"""
-    if geo.vector == 1:
-        return True
-    for o in geo.operands:
-        if o.inner_mode == "vec":
-            t = tensors[o.source]
-            if (t.data_ptr() + o.offset * o.dtype.itemsize) % (geo.vector * o.dtype.itemsize):
-                return False
+    for source, byte_offset, align in geo.align_checks:
+        if (tensors[source].data_ptr() + byte_offset) % align:
+            return False
     return True
+
+
+def _call_recipe(geo: Geometry) -> None:
+    """What a call needs beyond the base tensors, computed once: which operands are their
+    base tensor as it is (passed without a view), and which base pointers to check."""
+    geo.identity = tuple(
+        o.offset == 0 and tuple(geo.bases[o.source].shape) == o.shape and geo.bases[o.source].stride() == o.stride
+        for o in geo.operands
+    )
+    if geo.vector > 1:
+        geo.align_checks = tuple(
+            (o.source, o.offset * o.dtype.itemsize, geo.vector * o.dtype.itemsize)
+            for o in geo.operands if o.inner_mode == "vec"
+        )
 
 
 def _row_tiling(geo: Geometry) -> None:
@@ -331,8 +344,10 @@ def column_splits(geo: Geometry, sm_count: int) -> tuple[int, int]:
 
 
 def views_for_call(geo: Geometry, bases) -> list[torch.Tensor]:
+    """Each operand as the kernel sees it: its base tensor itself where that is already the
+    operand's view, else one ``as_strided``."""
     out = []
-    for o in geo.operands:
+    for o, same in zip(geo.operands, geo.identity):
         b = bases[o.source]
-        out.append(b.as_strided(o.shape, o.stride, b.storage_offset() + o.offset))
+        out.append(b if same else b.as_strided(o.shape, o.stride, b.storage_offset() + o.offset))
     return out

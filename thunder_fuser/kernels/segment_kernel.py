@@ -25,7 +25,8 @@ class _Part:
         self.geo: Geometry | None = None
         self.fn = None
         self.allocs: list = []  # per store: (shape, strides, dtype) to allocate, or None (a write)
-        self.base_refs: list = []  # per geometry base: ("store", i) or ("env", value id)
+        self.base_refs: list = []  # per geometry base: (True, store index) or (False, value id)
+        self.store_recipe: list = []  # per store: (value id, allocation or None), read per call
         self.workspace: tuple | None = None  # column reductions: (splits, width) of the fp32 partials
         self.rows_per_split = 0
 
@@ -60,11 +61,12 @@ class SegmentKernel:
             geo = build_geometry(part.prog, env, stores)
             refs = []
             for b in geo.bases:
-                ref = next((("store", i) for i, s in enumerate(stores) if s is b), None)
+                ref = next(((True, i) for i, s in enumerate(stores) if s is b), None)
                 if ref is None:
-                    ref = next(("env", id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
+                    ref = next((False, id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
                 refs.append(ref)
             part.base_refs, part.geo = refs, geo
+            part.store_recipe = [(id(st.target), a) for st, a in zip(part.prog.stores, part.allocs)]
             if self.mode == "cute":
                 _check_verified(geo)
             if geo.columns:
@@ -77,43 +79,50 @@ class SegmentKernel:
     def run(self, env) -> bool:
         """Run the segment; False when these tensors do not fit the compiled assumptions
         (alignment): the caller then runs the reference backend for this call."""
-        done = []
+        launches = []
+        device = self.device
         for part in self.parts:
-            stores = _store_tensors(part, env, self.device)
-            bases = [stores[r[1]] if r[0] == "store" else env[r[1]] for r in part.base_refs]
-            if not aligned(part.geo, bases):
+            stores = [
+                env[target] if a is None else torch.empty_strided(a[0], a[1], dtype=a[2], device=device)
+                for target, a in part.store_recipe
+            ]
+            if FILL_NAN:
+                _fill_nan(part, stores)
+            bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
+            geo = part.geo
+            if geo.align_checks and not aligned(geo, bases):
                 if part is self.parts[0]:
                     return False
                 raise RuntimeError(f"segment {self.seg.index}: operands lost alignment between launches")
-            done.append((part, stores, views_for_call(part.geo, bases)))
-        for part, stores, views in done:
+            launches.append((part, stores, views_for_call(geo, bases)))
+        for part, stores, views in launches:
             if self.mode == "cute":
-                part.fn(tuple(views), *part.extra_args(self.device))
+                part.fn(tuple(views), *part.extra_args(device))
             else:
                 from thunder_fuser.kernels.torch_eval import run_program
 
                 run_program(part.prog, part.geo, views)
-            for st, t in zip(part.prog.stores, stores):
-                env[id(st.target)] = t
+            for (target, _), t in zip(part.store_recipe, stores):
+                env[target] = t
         for out, dst in self.write_outs:
             env[id(out)] = env[id(dst)]
         return True
-
 
 
 FILL_NAN = False  # tests set it: every fresh output starts as NaN, so an unwritten element fails
 
 
 def _store_tensors(part: _Part, env, device):
-    out = [
+    return [
         env[id(st.target)] if a is None else torch.empty_strided(a[0], a[1], dtype=a[2], device=device)
         for a, st in zip(part.allocs, part.prog.stores)
     ]
-    if FILL_NAN:
-        for a, t in zip(part.allocs, out):
-            if a is not None and t.dtype.is_floating_point:
-                t.fill_(float("nan"))
-    return out
+
+
+def _fill_nan(part: _Part, stores) -> None:
+    for a, t in zip(part.allocs, stores):
+        if a is not None and t.dtype.is_floating_point:
+            t.fill_(float("nan"))
 
 
 def _check_no_overlap(part: _Part, env, stores) -> None:

@@ -102,7 +102,7 @@ class Plan:
         if self.error is not None:
             raise RuntimeError(self.error)
         region = self.region
-        if region.grad_enabled:
+        if region.grad_enabled and self.written_inputs:
             for i in self.written_inputs:
                 a = args[i]
                 if a.requires_grad and a.is_leaf:
@@ -110,26 +110,30 @@ class Plan:
                         f"a leaf Variable that requires grad is being used in an in-place operation "
                         f"(in-place write into '{region.inputs[i].name}' in {region.name})"
                     )
-        env: dict[int, object] = {id(v): a for v, a in zip(region.inputs, args)}
-        sched = self.schedule
+        env: dict[int, object] = dict(zip(self.input_ids, args))
         kernels = self.kernels
-        for seg in sched.order:
+        free_after = self.schedule.free_after
+        for seg in self.schedule.order:
             k = kernels.get(seg.index, _UNSET)
             if k is _UNSET:
                 k = self._kernel_for(seg, env)
             if k is None or not k.run(env):
                 reference.run_nodes(seg.nodes, env)
-            for v in sched.free_after.get(seg.index, ()):
+            for v in free_after.get(seg.index, ()):
                 env.pop(id(v), None)
         results = []
-        for o, strides in zip(region.outputs, self.out_strides):
-            t = env[id(o)]
+        for oid, strides in self.output_recipe:
+            t = env[oid]
             if strides is not None and isinstance(t, torch.Tensor) and t.stride() != strides:
                 out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
                 out.copy_(t)
                 t = out
             results.append(t)
         return results
+
+    def __post_init__(self):
+        self.input_ids = tuple(id(v) for v in self.region.inputs)
+        self.output_recipe = tuple((id(o), s) for o, s in zip(self.region.outputs, self.out_strides))
 
 
 def build_plan(region: Region, segments: list[Segment], args) -> Plan:
@@ -169,4 +173,4 @@ def _layout_text(region, in_orders, orders, kinds) -> str:
 
 
 def spec_key(args) -> tuple:
-    return tuple(a.stride() if isinstance(a, torch.Tensor) else None for a in args)
+    return tuple([a.stride() if isinstance(a, torch.Tensor) else None for a in args])
