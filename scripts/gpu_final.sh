@@ -4,6 +4,7 @@
 export PYTHONPATH="$(pwd):${PYTHONPATH}" PYTHONUNBUFFERED=1 THUNDER_FUSER_CACHE=/tmp/tf-cache
 mkdir -p "$OUT/results" "$OUT/ncu"
 python -m pytest -q -p no:cacheprovider -rs tests/test_cuda_kernels.py tests/test_cuda_workloads.py 2>&1 | tail -15
+python scripts/host_probe.py 2>&1 | tail -12
 python -m benchmarks.run --out "$OUT/results" > "$OUT/results/stdout.txt" 2>&1; echo "suite rc=$?"
 for w in "rotate-half + residual bf16" "RoPE Llama-3-8B bf16" "gelu(x + bias) bf16"; do
   f="$OUT/ncu/$(echo "$w" | tr -c 'a-zA-Z0-9' '_').txt"
