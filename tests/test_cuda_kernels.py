@@ -82,11 +82,13 @@ def test_column_reductions(dtype):
     """Reduced dims outer in memory: split over blocks, partials combined by a second launch."""
 
     def f(x):
-        return x.sum(0), x.amax(0), x.amin(0), x.mean(0, keepdim=True), (1 + 0.01 * x).prod(0)
+        return x.sum(0), x.amax(0), x.amin(0), x.mean(0, keepdim=True), (1 + 0.01 * x).prod(0), x.var(0)
 
     run_without_fallback(f, _randn(3000, 4096, dtype=dtype))
     run_without_fallback(f, _randn(7, 33, dtype=dtype))  # fewer rows than row groups; ragged columns
     run_without_fallback(lambda x: x.sum((0, 1)), _randn(16, 512, 1000, dtype=dtype))
+    # var (Welford) with a large mean, where a sum-of-squares formula would cancel
+    run_without_fallback(lambda x: torch.var_mean(x, (0, 1)), 1000 + _randn(64, 300, 256, dtype=dtype))
 
 
 def test_gelu_bias_backward_785():

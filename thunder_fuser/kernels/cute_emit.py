@@ -33,8 +33,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_tensor
 
-from thunder_fuser.kernels.expr import Load, Op, Program, Reduce, Select, Unsupported, dtype_of, subexpressions
-from thunder_fuser.kernels.geometry import COLUMN_THREADS, Geometry
+from thunder_fuser.kernels.expr import (
+    Load, Op, Program, Reduce, Select, Unsupported, dtype_of, reductions_in_order, subexpressions,
+)
+from thunder_fuser.kernels.geometry import COLUMN_THREADS, Geometry, column_state_offsets
 
 DTYPES = {
     torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
@@ -428,25 +430,6 @@ def _for_range(start, stop, step: cutlass.Constexpr, fn: cutlass.Constexpr):
         fn(i)
 
 
-def _reduce_order(prog: Program) -> list:
-    """Every reduction of the program, each after the reductions its argument uses."""
-    order, seen = [], set()
-
-    def visit(e):
-        for x in subexpressions([e]):
-            if isinstance(x, Reduce) and x is not e and id(x) not in seen:
-                visit(x)
-        if isinstance(e, Reduce) and id(e) not in seen:
-            seen.add(id(e))
-            order.append(e)
-
-    for st in prog.stores:
-        for x in subexpressions([st.expr]):
-            if isinstance(x, Reduce):
-                visit(x)
-    return order
-
-
 def build_rows(prog: Program, geo: Geometry):
     """Row reductions: ``row_threads`` threads per row, the row in registers
     (``row_vectors`` vectors per thread) or, for a row too long for registers, re-read from
@@ -563,7 +546,7 @@ def build_rows(prog: Program, geo: Geometry):
             _for_range(rt, nvec, Tr, step)
             return finish(acc.load().reduce(red_op, identity, 0), op, tidx, acc_iter)
 
-        for e in _reduce_order(prog):
+        for e in reductions_in_order(prog):
             if e.op in ("mean", "var"):
                 mean = reduce_pass("sum", e.arg) / N.to(cutlass.Float32)
                 r = mean if e.op == "mean" else reduce_pass("sum", e.arg, mean) / (N.to(cutlass.Float32) - e.correction)
@@ -645,6 +628,51 @@ def _combine_splits(ws: cute.Tensor, col, pred: cutlass.Boolean, combine: cutlas
     return v
 
 
+@cute.jit
+def _chan(na, ma, qa, nb, mb, qb):
+    """Chan et al.'s merge of two (count, mean, sum of squared deviations) summaries."""
+    n = na + nb
+    w = cutlass.select_(n > 0, nb / cutlass.max(n, cutlass.Float32(1.0)), cutlass.Float32(0.0))
+    delta = mb - ma
+    return n, ma + delta * w, qa + qb + delta * delta * na * w
+
+
+@cute.jit
+def _welford_groups_to_workspace(mean: cute.Tensor, m2: cute.Tensor, buf_mean: cute.Tensor, buf_m2: cute.Tensor,
+                                 ws: cute.Tensor, tidx, split, col0, offset, rows, N,
+                                 V: cutlass.Constexpr, CW: cutlass.Constexpr, RG: cutlass.Constexpr):
+    """var's partial: the row groups' (mean, M2) merged with their row counts; writes the
+    split's mean at ``offset`` and its M2 at ``offset + N``."""
+    cl = tidx % CW
+    rg = tidx // CW
+    for k in cutlass.range_constexpr(V):
+        buf_mean[k + V * cl + V * CW * rg] = mean[k]
+        buf_m2[k + V * cl + V * CW * rg] = m2[k]
+    cute.arch.sync_threads()
+    if tidx < V * CW:
+        na = cutlass.Float32(0.0)
+        ma = cutlass.Float32(0.0)
+        qa = cutlass.Float32(0.0)
+        for g in cutlass.range_constexpr(RG):
+            nb = ((rows - g + RG - 1) // RG).to(cutlass.Float32)  # rows group g walked
+            na, ma, qa = _chan(na, ma, qa, nb, buf_mean[tidx + V * CW * g], buf_m2[tidx + V * CW * g])
+        if col0 + tidx < N:
+            ws[(split, offset + col0 + tidx)] = ma
+            ws[(split, offset + N + col0 + tidx)] = qa
+
+
+@cute.jit
+def _welford_combine_splits(ws: cute.Tensor, col, N, M, per, pred: cutlass.Boolean):
+    na = cutlass.Float32(0.0)
+    ma = cutlass.Float32(0.0)
+    qa = cutlass.Float32(0.0)
+    if pred:
+        for s in cutlass.range(cute.size(ws, mode=[0])):
+            nb = cutlass.min(per, M - s * per).to(cutlass.Float32)
+            na, ma, qa = _chan(na, ma, qa, nb, ws[(s, col)], ws[(s, col + N)])
+    return qa
+
+
 def build_columns(prog: Program, geo: Geometry):
     """Column reductions (the kept dims innermost in memory), in two launches and no atomics,
     so the result is deterministic. The first: blocks of ``col_vectors`` column vectors x
@@ -659,7 +687,8 @@ def build_columns(prog: Program, geo: Geometry):
     rank = len(geo.outer) + 1
     ops = geo.operands
     ref_slot = geo.store_slot[0]
-    reduces = _reduce_order(prog)
+    reduces = reductions_in_order(prog)
+    offsets = column_state_offsets(reduces)  # each reduction's first workspace block of N
     full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
     per_column = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if st.is_row]
 
@@ -669,11 +698,18 @@ def build_columns(prog: Program, geo: Geometry):
     def partial_body(t2s, tvs, ws, M, N, per, tidx, bx, split):
         j = bx * CW + tidx % CW
         ok = j < N // V
+        start = split * per + tidx // CW  # this thread's first row
         accs = []
         for e in reduces:
-            a = _frag((1, V), torch.float32)
-            a.fill(_IDENTITY[e.op])
-            accs.append(a)
+            if e.op == "var":  # Welford: running mean and sum of squared deviations
+                mean, m2 = _frag((1, V), torch.float32), _frag((1, V), torch.float32)
+                mean.fill(0.0)
+                m2.fill(0.0)
+                accs.append((mean, m2))
+            else:
+                a = _frag((1, V), torch.float32)
+                a.fill(_IDENTITY[e.op])
+                accs.append(a)
 
         def step(m):
             loaded = {}
@@ -688,20 +724,39 @@ def build_columns(prog: Program, geo: Geometry):
             for st, slot in full:
                 _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, V, N, ok)
             for e, acc in zip(reduces, accs):
-                acc.store(_COMBINE[e.op](acc.load(), _vector(ev.ev(e.arg), V, torch.float32)))
+                x = _vector(ev.ev(e.arg), V, torch.float32)
+                if e.op == "var":
+                    mean, m2 = acc
+                    n = ((m - start) // RG + 1).to(cutlass.Float32)
+                    mu = mean.load()
+                    d = x - mu
+                    mu = mu + d / n
+                    mean.store(mu)
+                    m2.store(m2.load() + d * (x - mu))
+                else:
+                    acc.store(_COMBINE[e.op](acc.load(), x))
 
         r0 = split * per
-        _for_range(r0 + tidx // CW, cutlass.min(M, r0 + per), RG, step)
+        r1 = cutlass.min(M, r0 + per)
+        _for_range(start, r1, RG, step)
         smem = cutlass.utils.SmemAllocator()
-        for k, (e, acc) in enumerate(zip(reduces, accs)):
-            buf = smem.allocate_tensor(cutlass.Float32, V * T)
-            _groups_to_workspace(acc, buf, ws, tidx, split, bx * CW * V, k * N, N, V, CW, RG, _COMBINE[e.op])
+        col0 = bx * CW * V
+        for e, acc, offset in zip(reduces, accs, offsets):
+            if e.op == "var":
+                bufs = [smem.allocate_tensor(cutlass.Float32, V * T) for _ in range(2)]
+                _welford_groups_to_workspace(*acc, *bufs, ws, tidx, split, col0, offset * N, r1 - r0, N, V, CW, RG)
+            else:
+                buf = smem.allocate_tensor(cutlass.Float32, V * T)
+                _groups_to_workspace(acc, buf, ws, tidx, split, col0, offset * N, N, V, CW, RG, _COMBINE[e.op])
 
-    def finalize_body(t2s, ws, M, N, c):
+    def finalize_body(t2s, ws, M, N, per, c):
         ok = c < N
         values = {}
-        for k, e in enumerate(reduces):
-            r = _combine_splits(ws, k * N + c, ok, _COMBINE[e.op], _IDENTITY[e.op])
+        for e, offset in zip(reduces, offsets):
+            if e.op == "var":
+                r = _welford_combine_splits(ws, offset * N + c, N, M, per, ok) / (M.to(cutlass.Float32) - e.correction)
+            else:
+                r = _combine_splits(ws, offset * N + c, ok, _COMBINE[e.op], _IDENTITY[e.op])
             if e.op == "mean":
                 r = r / M.to(cutlass.Float32)
             values[id(e)] = _cast(r, e.dtype) if e.dtype != torch.float32 else r
@@ -716,10 +771,10 @@ def build_columns(prog: Program, geo: Geometry):
         partial_body(t2s, tvs, ws, M, N, per, tidx, bx, split)
 
     @cute.kernel
-    def finalize(t2s, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32):
+    def finalize(t2s, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        finalize_body(t2s, ws, M, N, bidx * T + tidx)
+        finalize_body(t2s, ws, M, N, per, bidx * T + tidx)
 
     @cute.jit
     def launch(ts, ws: cute.Tensor, per: cutlass.Int32, stream):
@@ -727,7 +782,7 @@ def build_columns(prog: Program, geo: Geometry):
         blocks_x = (N // V + CW - 1) // CW
         partial(t2s, tvs, ws, M, N, per).launch(grid=[blocks_x, cute.size(ws, mode=[0]), 1], block=[T, 1, 1],
                                                 stream=stream)
-        finalize(t2s, ws, M, N).launch(grid=[(N + T - 1) // T, 1, 1], block=[T, 1, 1], stream=stream)
+        finalize(t2s, ws, M, N, per).launch(grid=[(N + T - 1) // T, 1, 1], block=[T, 1, 1], stream=stream)
 
     return launch
 

@@ -180,6 +180,25 @@ def subexpressions(roots):
         stack.extend(reversed(children(e)))
 
 
+def reductions_in_order(prog: Program) -> list:
+    """Every reduction of the program, each after the reductions its argument uses."""
+    order, seen = [], set()
+
+    def visit(e):
+        for x in subexpressions([e]):
+            if isinstance(x, Reduce) and x is not e and id(x) not in seen:
+                visit(x)
+        if isinstance(e, Reduce) and id(e) not in seen:
+            seen.add(id(e))
+            order.append(e)
+
+    for st in prog.stores:
+        for x in subexpressions([st.expr]):
+            if isinstance(x, Reduce):
+                visit(x)
+    return order
+
+
 def _has_reduce(e) -> bool:
     return any(isinstance(x, Reduce) for x in subexpressions([e]))
 

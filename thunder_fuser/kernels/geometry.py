@@ -327,9 +327,16 @@ def _check_column_program(prog: Program) -> None:
             raise Unsupported(
                 f"{st.target.name} is computed from a column reduction over the whole domain (it would need a grid-wide sync)"
             )
-    for e in subexpressions(st.expr for st in prog.stores):
-        if isinstance(e, Reduce) and e.op == "var":
-            raise Unsupported("var over columns (the kept dims are innermost in memory)")
+
+
+def column_state_offsets(reduces) -> list[int]:
+    """Where each column reduction's partials start in the workspace, in blocks of N
+    columns: one block per reduction, two for var (Welford's mean and sum of squared
+    deviations). The last entry is the total."""
+    offsets = [0]
+    for e in reduces:
+        offsets.append(offsets[-1] + (2 if e.op == "var" else 1))
+    return offsets
 
 
 def column_splits(geo: Geometry, sm_count: int) -> tuple[int, int]:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import torch
 
 from thunder_fuser.kernels import cache
-from thunder_fuser.kernels.expr import Program, Reduce, Unsupported, lower_segment, render, subexpressions
-from thunder_fuser.kernels.geometry import Geometry, aligned, build_geometry, column_splits, views_for_call
+from thunder_fuser.kernels.expr import Program, Unsupported, lower_segment, reductions_in_order, render
+from thunder_fuser.kernels.geometry import (
+    Geometry, aligned, build_geometry, column_splits, column_state_offsets, views_for_call,
+)
 from thunder_fuser.layout import strides_for_order
 
 
@@ -71,7 +73,8 @@ class SegmentKernel:
                 _check_verified(geo)
             if geo.columns:
                 splits, part.rows_per_split = column_splits(geo, _sm_count(device))
-                part.workspace = (splits, max(1, _reduction_count(part.prog)) * geo.n)
+                states = column_state_offsets(reductions_in_order(part.prog))[-1]
+                part.workspace = (splits, max(1, states) * geo.n)
             if self.mode == "cute":
                 part.fn = compile_program(part.prog, geo, device)
         self.device = device
@@ -178,10 +181,6 @@ def _sm_count(device) -> int:
     if device is not None and getattr(device, "type", None) == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132  # an H100 SXM: what CI's PTX compile and the CPU check assume
-
-
-def _reduction_count(prog: Program) -> int:
-    return sum(isinstance(e, Reduce) for e in subexpressions(st.expr for st in prog.stores))
 
 
 def _arch(device) -> str:
