@@ -112,6 +112,12 @@ def test_kernels_not_yet_checked_on_a_gpu_stay_off_by_default(monkeypatch):
     assert _kernels(jfn) == [("reference", None)]
 
 
+def test_empty_tensors_run_on_the_reference_backend(torch_kernels):
+    """A kernel over an empty domain would launch an empty grid: the segment runs on torch."""
+    jfn, _ = check_vs_eager(lambda x: (x * 2, x.sum(1)), _r(3, 0))
+    assert {kind for kind, _ in _kernels(jfn)} == {"reference"}
+
+
 def test_unsupported_segment_reason(torch_kernels):
     """A cat along an outer dim has no template: the segment runs on the reference backend."""
     jfn, _ = check_vs_eager(lambda x: torch.cat((x, x * 2), 0) + 1, _r(64, 33))

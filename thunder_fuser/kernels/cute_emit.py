@@ -604,9 +604,11 @@ def _groups_to_workspace(acc: cute.Tensor, buf: cute.Tensor, ws: cute.Tensor, ti
                          V: cutlass.Constexpr, CW: cutlass.Constexpr, RG: cutlass.Constexpr,
                          combine: cutlass.Constexpr):
     """The block's row groups combined through shared memory; thread t then writes the
-    partial of column ``col0 + t`` for this split (coalesced)."""
+    partial of column ``col0 + t`` for this split (coalesced). The buffer is shared by all
+    reductions: the first barrier waits for the previous one's readers."""
     cl = tidx % CW
     rg = tidx // CW
+    cute.arch.sync_threads()
     for k in cutlass.range_constexpr(V):
         buf[k + V * cl + V * CW * rg] = acc[k]
     cute.arch.sync_threads()
@@ -645,6 +647,7 @@ def _welford_groups_to_workspace(mean: cute.Tensor, m2: cute.Tensor, buf_mean: c
     split's mean at ``offset`` and its M2 at ``offset + N``."""
     cl = tidx % CW
     rg = tidx // CW
+    cute.arch.sync_threads()
     for k in cutlass.range_constexpr(V):
         buf_mean[k + V * cl + V * CW * rg] = mean[k]
         buf_m2[k + V * cl + V * CW * rg] = m2[k]
@@ -740,14 +743,13 @@ def build_columns(prog: Program, geo: Geometry):
         r1 = cutlass.min(M, r0 + per)
         _for_range(start, r1, RG, step)
         smem = cutlass.utils.SmemAllocator()
+        bufs = [smem.allocate_tensor(cutlass.Float32, V * T) for _ in range(2)]  # at most 16 KB
         col0 = bx * CW * V
         for e, acc, offset in zip(reduces, accs, offsets):
             if e.op == "var":
-                bufs = [smem.allocate_tensor(cutlass.Float32, V * T) for _ in range(2)]
                 _welford_groups_to_workspace(*acc, *bufs, ws, tidx, split, col0, offset * N, r1 - r0, N, V, CW, RG)
             else:
-                buf = smem.allocate_tensor(cutlass.Float32, V * T)
-                _groups_to_workspace(acc, buf, ws, tidx, split, col0, offset * N, N, V, CW, RG, _COMBINE[e.op])
+                _groups_to_workspace(acc, bufs[0], ws, tidx, split, col0, offset * N, N, V, CW, RG, _COMBINE[e.op])
 
     def finalize_body(t2s, ws, M, N, per, c):
         ok = c < N

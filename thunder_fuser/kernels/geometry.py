@@ -253,6 +253,8 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
         geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
     elif prog.family == "rows":
         _row_tiling(geo)
+    if not _numel(domain):
+        raise Unsupported("an empty domain (nothing to launch)")
     if _numel(outer) * max(1, -(-n // vector)) >= 2**31:
         raise Unsupported("more than 2**31 vectors")
     return geo
@@ -345,9 +347,9 @@ def column_splits(geo: Geometry, sm_count: int) -> tuple[int, int]:
     m = _numel(geo.outer)
     groups = COLUMN_THREADS // geo.col_vectors
     blocks_x = -(-(-(-geo.n // geo.vector)) // geo.col_vectors)
-    splits = max(1, min(-(-8 * sm_count // blocks_x), -(-m // (4 * groups))))
-    per = -(-m // splits)
-    return -(-m // per), per
+    splits = max(1, min(-(-8 * sm_count // max(1, blocks_x)), -(-m // (4 * groups))))
+    per = max(1, -(-m // splits))
+    return max(1, -(-m // per)), per
 
 
 def views_for_call(geo: Geometry, bases) -> list[torch.Tensor]:
