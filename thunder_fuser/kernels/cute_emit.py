@@ -1,10 +1,11 @@
-"""CuTe DSL kernels built from a lowered program: the pointwise and the persistent-row family.
+"""CuTe DSL kernels built from a lowered program: the pointwise, row and column families.
 
 CuTe DSL traces Python, so a kernel here is a closure over the program: while CuTe traces
 the ``@cute.kernel`` body, plain Python walks the expression tree and emits one vector op
 per node (the tree is unrolled at trace time; nothing of it exists at run time). Only the
-few helpers that branch on run-time values are ``@cute.jit`` (the DSL rewrites their
-``if``), and they live in this real source file, as CuTe DSL requires.
+few helpers that branch or loop on run-time values are ``@cute.jit`` (the DSL rewrites
+their ``if`` and ``for``; ``_for_range`` runs a plain-Python body in such a loop), and they
+live in this real source file, as CuTe DSL requires.
 
 Operands arrive as ``[outer dims innermost-first..., N]`` (see ``geometry.py``) and are
 viewed here as 2-D ``(M, N)`` with a hierarchical first mode, so one linear row index ``m``
@@ -17,7 +18,11 @@ addresses any number of outer dims, each with its own stride.
 * rows (reduction, normalization): ``row_threads`` threads hold a whole row in registers
   (``row_vectors`` vectors each), reduce thread -> warp (shuffles) -> block (shared
   memory), and the epilogue reuses the registers: one read and one write per element.
-  Several rows share a block when a row needs fewer than 32 threads.
+  Several rows share a block when a row needs fewer than 32 threads. A row too long for
+  registers (over 8 vectors x 1024 threads) is re-read once per reduction and once for the
+  stores, reductions in dependency order.
+* columns (reductions whose kept dims are innermost in memory): see ``build_columns``; two
+  launches, partials per split of the reduced extent in an fp32 workspace, no atomics.
 
 Math on fp16/bf16 values runs in fp32 and rounds once per stored value.
 """
