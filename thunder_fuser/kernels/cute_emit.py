@@ -341,6 +341,19 @@ def _no_select(e, pieces):
     raise Unsupported("cat/pad in a reduction kernel")
 
 
+def _vector_evaluator(geo: Geometry, t2s, tvs, m, j, N, pred, row_value) -> "Evaluator":
+    """An evaluator for vector ``j`` of row ``m`` that reads each operand once."""
+    loaded = {}
+
+    def load(ld: Load):
+        slot = geo.load_slot[id(ld)]
+        if slot not in loaded:
+            loaded[slot] = _load_vector(geo.operands[slot], t2s[slot], tvs[slot], m, j, geo.vector, N, pred)
+        return loaded[slot]
+
+    return Evaluator(load, row_value, _no_select)
+
+
 # ---- pointwise ---------------------------------------------------------------------------
 
 def build_pointwise(prog: Program, geo: Geometry):
@@ -528,14 +541,7 @@ def build_rows(prog: Program, geo: Geometry):
         values: dict = {}
 
         def chunk(j):
-            loaded = {}
-
-            def load(ld: Load):
-                slot = geo.load_slot[id(ld)]
-                if slot not in loaded:
-                    loaded[slot] = _load_vector(ops[slot], t2s[slot], tvs[slot], m, j, V, N, row_ok)
-                return loaded[slot]
-            return Evaluator(load, lambda e: values[id(e)], _no_select)
+            return _vector_evaluator(geo, t2s, tvs, m, j, N, row_ok, lambda e: values[id(e)])
 
         def reduce_pass(op, arg, center=None):
             red_op, _, identity = _REDUCE[op]
@@ -720,15 +726,7 @@ def build_columns(prog: Program, geo: Geometry):
                 accs.append(a)
 
         def step(m):
-            loaded = {}
-
-            def load(ld: Load):
-                slot = geo.load_slot[id(ld)]
-                if slot not in loaded:
-                    loaded[slot] = _load_vector(ops[slot], t2s[slot], tvs[slot], m, j, V, N, ok)
-                return loaded[slot]
-
-            ev = Evaluator(load, no_row_value, _no_select)
+            ev = _vector_evaluator(geo, t2s, tvs, m, j, N, ok, no_row_value)
             for st, slot in full:
                 _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, V, N, ok)
             for e, acc in zip(reduces, accs):
