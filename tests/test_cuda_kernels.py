@@ -124,6 +124,19 @@ def test_slice_cat_pad_innermost():
     run_without_fallback(f, _randn(7, 16), _randn(7, 4))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cat_and_pad_along_outer_dims(dtype):
+    """The piece is picked per row; each piece reads its rows shifted along the cat dim."""
+
+    def f(x, y):
+        return torch.cat((x.exp(), y), 1) * 2, torch.nn.functional.pad(x, (0, 0, 3, 2), value=1.5)
+
+    run_without_fallback(f, _randn(4, 33, 256, dtype=dtype), _randn(4, 17, 256, dtype=dtype))
+    run_without_fallback(lambda a, b: torch.cat((a, b), 0) + 1, _randn(5, 4097, dtype=dtype), _randn(3, 4097, dtype=dtype))
+    # the output's fastest dim is dim 0 (inputs transposed): dim 1 is an outer dim
+    run_without_fallback(lambda a, b: torch.cat((a, b), 1) + 1, _randn(64, 40, dtype=dtype).t(), _randn(64, 24, dtype=dtype).t())
+
+
 def test_copy_to_out_writes_in_place():
     args = [[_randn(s) for s in [(4097,), (64, 129)]] for _ in range(4)]
     args[3] = [a.abs() for a in args[3]]

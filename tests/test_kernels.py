@@ -58,6 +58,13 @@ WORKLOADS = {
         lambda: (1 + 0.01 * _r(30, 20, 257),),
     ),
     "row prod": (lambda x: torch.prod(x, -1), lambda: (1 + 0.01 * _r(37, 1000),)),
+    "cat and pad along outer dims": (
+        lambda x, y: (torch.cat((x.exp(), y), 1) * 2, torch.nn.functional.pad(x, (0, 0, 1, 2), value=1.5)),
+        lambda: (_r(2, 3, 16), _r(2, 5, 16)),
+    ),
+    "cat along a dim that is innermost for no output": (
+        lambda x, y: torch.cat((x, y), 1) + 1, lambda: (_r(16, 4).t(), _r(16, 4).t())
+    ),
     "#785 bias gradient": (gelu_bias_backward, lambda: (*[_r(2, 16, 256) for _ in range(3)], *GELU_SCALARS)),
     "rows too long for registers": (
         lambda x: (torch.softmax(x, -1), x.var(-1)), lambda: (_r(3, 70000),)
@@ -119,8 +126,8 @@ def test_empty_tensors_run_on_the_reference_backend(torch_kernels):
 
 
 def test_unsupported_segment_reason(torch_kernels):
-    """A cat along an outer dim has no template: the segment runs on the reference backend."""
-    jfn, _ = check_vs_eager(lambda x: torch.cat((x, x * 2), 0) + 1, _r(64, 33))
+    """A pad of two dims has no template: the segment runs on the reference backend."""
+    jfn, _ = check_vs_eager(lambda x: torch.nn.functional.pad(x * 2, (1, 1, 2, 2)), _r(64, 33))
     assert ("reference", None) in _kernels(jfn)
 
 
@@ -154,6 +161,9 @@ FAMILIES = {
     ),
     "normalization, row too long for registers (softmax, looped passes)": (softmax, lambda: (_r(2, 70000),)),
     "row reductions (amin, var, prod)": (lambda x: (x.amin(-1), x.var(-1), x.prod(-1)), lambda: (_r(37, 1000),)),
+    "resize along an outer dim (cat, bf16)": (
+        lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))
+    ),
 }
 
 

@@ -7,7 +7,7 @@ lowered programs with torch on any device: the CPU check of lowering and geometr
 
 Kernel templates that compile (CI checks their PTX) but have not yet been checked against
 eager on a GPU stay off by default: ``THUNDER_FUSER_UNVERIFIED`` lists the ones to use
-anyway (``columns``, ``long-rows``, or ``all``). The GPU test-suite turns them on; a template
+anyway (``columns``, ``long-rows``, ``outer-select``, ``prod``, or ``all``). The GPU test-suite turns them on; a template
 leaves this list once that suite has passed on the device.
 """
 
@@ -58,6 +58,8 @@ def kernel_mode(env, region) -> str | None:
 UNVERIFIED = {
     "columns": "column reductions",
     "long-rows": "row reductions over rows too long for registers",
+    "outer-select": "cat/pad along a dim other than the fastest in memory",
+    "prod": "prod reductions",
 }
 
 

@@ -14,7 +14,8 @@ addresses any number of outer dims, each with its own stride.
 * pointwise: one thread per vector of ``V`` elements along ``N``: 128-bit loads and stores
   for stride-1 operands, one scalar load for stride-0 (broadcast) operands, ``V`` scalar
   loads for any other stride (an input whose fastest dim is not the output's). Without
-  outer dims a ragged ``N`` predicates the last vector, element by element.
+  outer dims a ragged ``N`` predicates the last vector, element by element. cat/pad picks a
+  piece per vector along ``N`` or, along an outer dim (placed outermost), per row.
 * rows (reduction, normalization): ``row_threads`` threads hold a whole row in registers
   (``row_vectors`` vectors each), reduce thread -> warp (shuffles) -> block (shared
   memory), and the epilogue reuses the registers: one read and one write per element.
@@ -362,9 +363,18 @@ def build_pointwise(prog: Program, geo: Geometry):
     ops = geo.operands
     ref_slot = geo.store_slot[0]
 
-    def body(t2s, tvs, m, j, N, row_ok):
+    outer_select = geo.outer_select
+    piece_axis = len(geo.outer) - 1  # an outer select's dim: the outermost of the outer modes
+
+    def body(t2s, tvs, m, j, M, N, row_ok):
         n0 = j * V
         loaded = {}
+        if outer_select:  # the row's position along the select dim, and within it
+            rest = M // geo.outer[0]
+            at = m // rest
+            within = m - at * rest
+        else:
+            at = n0
 
         def load(ld: Load):
             slot = geo.load_slot[id(ld)]
@@ -372,7 +382,11 @@ def build_pointwise(prog: Program, geo: Geometry):
                 return loaded[slot]
             o = ops[slot]
             shift = ld.shift
-            if shift is not None and _mode(o, V) != "bcast":
+            if shift is not None and outer_select:
+                ext = o.shape[piece_axis]
+                pred = row_ok & (at >= shift) & (at < shift + ext)
+                val = _load_vector(o, t2s[slot], tvs[slot], (at - shift) * rest + within, j, V, N, pred, geo.tail)
+            elif shift is not None and _mode(o, V) != "bcast":
                 t2 = t2s[slot]
                 frag = _frag((1, V), o.dtype)
                 frag.fill(0)
@@ -392,7 +406,7 @@ def build_pointwise(prog: Program, geo: Geometry):
             out = _frag((1, V), e.dtype)
             out.fill(e.fill)
             for p, lo, hi in zip(pieces, e.bounds, e.bounds[1:]):
-                _put_if(out, _vector(p, V, e.dtype), (n0 >= lo) & (n0 < hi))
+                _put_if(out, _vector(p, V, e.dtype), (at >= lo) & (at < hi))
             return out.load()
 
         ev = Evaluator(load, None, select)
@@ -406,7 +420,7 @@ def build_pointwise(prog: Program, geo: Geometry):
         lin = bidx * T + tidx
         m = lin // nvec
         j = lin - m * nvec
-        body(t2s, tvs, m, j, N, m < M)
+        body(t2s, tvs, m, j, M, N, m < M)
 
     @cute.jit
     def launch(ts, stream):

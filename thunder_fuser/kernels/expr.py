@@ -9,8 +9,8 @@ number per row. The kernel template then needs no index algebra at all; the stri
 each operand carry it, and they are derived per producer-to-consumer edge (each push
 applies exactly the op on that edge), never from a global equivalence of dims.
 
-``cat`` and ``pad`` along the innermost dim become :class:`Select` (pick a piece by the
-position along that dim); each piece reads its operands shifted by the piece's start.
+``cat`` and ``pad`` along one dim become :class:`Select` (pick a piece by the position
+along that dim); each piece reads its operands shifted by the piece's start along it.
 
 Anything outside this vocabulary raises :class:`Unsupported` with the reason, and the
 segment runs on the reference backend.
@@ -32,7 +32,7 @@ class Unsupported(Exception):
 @dataclass(frozen=True, eq=False)
 class Load:
     """Read ``source`` through ``views`` (nodes applied in order, each to the previous
-    result). ``shift`` is the piece start along the domain's innermost dim (cat/pad)."""
+    result). ``shift`` is the piece start along the program's select dim (cat/pad)."""
 
     source: Value
     views: tuple[Node, ...] = ()
@@ -60,13 +60,14 @@ class Reduce:
 
 @dataclass(frozen=True, eq=False)
 class Select:
-    """Along the innermost domain dim, ``pieces[i]`` covers ``[bounds[i], bounds[i+1])``;
+    """Along domain dim ``dim``, ``pieces[i]`` covers ``[bounds[i], bounds[i+1])``;
     elsewhere (pad) the value is ``fill``."""
 
     pieces: tuple
     bounds: tuple[int, ...]
     fill: object
     dtype: object
+    dim: int
 
 
 @dataclass
@@ -142,8 +143,10 @@ def lower_segment(seg: Segment) -> list[Program]:
         groups.setdefault(tuple(st.target.shape), []).append(st)
     progs = []
     for shape, group in groups.items():
-        selects = any(_has_select(st.expr) for st in group)
-        prog = Program(family, shape, (), group, select_dim=len(shape) - 1 if selects else None)
+        dims = {e.dim for e in subexpressions(st.expr for st in group) if isinstance(e, Select)}
+        if len(dims) > 1:
+            raise Unsupported(f"cat/pad along several dims {sorted(dims)} in one kernel")
+        prog = Program(family, shape, (), group, select_dim=dims.pop() if dims else None)
         _collect_loads(prog)
         progs.append(prog)
     return progs
@@ -201,10 +204,6 @@ def reductions_in_order(prog: Program) -> list:
 
 def _has_reduce(e) -> bool:
     return any(isinstance(x, Reduce) for x in subexpressions([e]))
-
-
-def _has_select(e) -> bool:
-    return any(isinstance(x, Select) for x in subexpressions([e]))
 
 
 def _collect_loads(prog: Program) -> None:
@@ -296,29 +295,31 @@ class _Lowering:
         if self.seg.kind != "resize":
             raise Unsupported(f"{node.op} outside a resize segment")
         out = node.outputs[0]
-        d = out.ndim - 1
         if node.op == "cat":
             tensors, dim = node.args
-            if dim % out.ndim != d:
-                raise Unsupported("cat along a dim other than the innermost")
+            d = dim % out.ndim
             bounds, pieces, at = [0], [], 0
             for t in tensors:
                 pieces.append(self.shifted(self.value(t), at, node))
                 at += t.shape[d]
                 bounds.append(at)
-            self.env[id(out)] = Select(tuple(pieces), tuple(bounds), 0, out.dtype)
+            self.env[id(out)] = Select(tuple(pieces), tuple(bounds), 0, out.dtype, d)
         else:
             a, fill, config = node.args
-            if any(interior for _, _, interior in config) or any(lo or hi for lo, hi, _ in config[:-1]):
-                raise Unsupported("pad of a dim other than the innermost, or interior padding")
-            lo, hi, _ = config[-1]
+            if any(interior for _, _, interior in config):
+                raise Unsupported("interior padding")
+            padded = [d for d, (lo, hi, _) in enumerate(config) if lo or hi]
+            if len(padded) > 1:
+                raise Unsupported(f"pad of several dims {padded} in one kernel")
+            d = padded[0] if padded else out.ndim - 1
+            lo, hi, _ = config[d]
             if lo < 0 or hi < 0:
                 raise Unsupported("negative padding")
             piece = self.shifted(self.value(a), lo, node)
-            self.env[id(out)] = Select((piece,), (lo, lo + a.shape[d]), fill, out.dtype)
+            self.env[id(out)] = Select((piece,), (lo, lo + a.shape[d]), fill, out.dtype, d)
 
     def shifted(self, e, at: int, node: Node):
-        """``e`` read ``at`` elements further along the innermost dim (a piece of ``node``)."""
+        """``e`` read ``at`` elements further along the select dim (a piece of ``node``)."""
         if _is_number(e):
             return e
         if isinstance(e, Load):
@@ -354,5 +355,5 @@ def render(e, load_name=None, typed: bool = False) -> str:
     elif isinstance(e, Reduce):
         head = f"{e.op}[row]" + (f":{e.correction}" if typed else "")
     else:
-        head = f"select{e.bounds}" + (f":{e.fill}" if typed else "")
+        head = f"select{e.bounds}" + (f"@{e.dim}:{e.fill}" if typed else "")
     return f"{head}{':' + str(e.dtype) if typed else ''}({args})"

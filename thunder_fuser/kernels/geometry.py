@@ -59,6 +59,7 @@ class Geometry:
     row_vectors: int = 0  # 0 with row_threads set: the row is too long for registers (looped passes)
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
     col_vectors: int = 0  # column vectors per block (columns only)
+    outer_select: bool = False  # cat/pad along the outermost outer dim (pieces picked per row)
     select_bounds: tuple = ()  # per Select, its bounds (compile-time constants)
     bases: list = field(default_factory=list)  # the first call's tensors the operands view
     identity: tuple = ()  # per operand: is it its base tensor unchanged (no view needed)?
@@ -69,7 +70,10 @@ class Geometry:
             (str(o.dtype), o.is_store, o.inner_mode, tuple(s == 0 for s in o.stride[:-1]), o.shape[-1] if o.shape[-1] != self.n else -1)
             for o in self.operands
         )
-        return (len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors)
+        return (
+            len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors,
+            self.outer_select,
+        )
 
 
 def _view(base: torch.Tensor, views) -> torch.Tensor:
@@ -110,16 +114,25 @@ def _by_stride(ref: torch.Tensor) -> list[int]:
     return sorted(range(ref.ndim), key=lambda d: (-ref.stride(d) if ref.shape[d] != 1 else 0, d))
 
 
-def _kept_innermost(ref: torch.Tensor, reduced) -> bool:
-    """Is the reference operand's fastest dim (of more than one element) a kept one?"""
+def _innermost(ref: torch.Tensor) -> int | None:
+    """The reference operand's fastest dim of more than one element."""
     inner = [d for d in _by_stride(ref) if ref.shape[d] > 1]
-    return bool(inner) and inner[-1] not in reduced
+    return inner[-1] if inner else None
 
 
-def _order(ref: torch.Tensor, reduced, select_dim, columns: bool) -> list[int]:
+def _kept_innermost(ref: torch.Tensor, reduced) -> bool:
+    """Is the reference operand's fastest dim a kept one?"""
+    d = _innermost(ref)
+    return d is not None and d not in reduced
+
+
+def _order(ref: torch.Tensor, reduced, select_dim, columns: bool, outer_select: bool) -> list[int]:
     """Domain dims outermost first: by the reference operand's strides; reduced dims (rows),
-    kept dims (columns) or the select dim (cat/pad) innermost."""
+    kept dims (columns) or the select dim (cat/pad) innermost, except that a select dim
+    which is not the fastest in memory goes outermost (the kernel picks pieces by rows)."""
     by_stride = _by_stride(ref)
+    if outer_select:
+        return [select_dim] + [d for d in by_stride if d != select_dim]
     if columns:
         inner = [d for d in by_stride if d not in reduced]
     elif reduced:
@@ -151,8 +164,8 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
             raise Unsupported(f"{ld.source.name} is not a tensor")
         v = _view(base, ld.views)
         if ld.shift is not None:
-            want = tuple(domain[:-1])
-            if tuple(v.shape[:-1]) != want:
+            others = [d for d in range(len(domain)) if d != prog.select_dim]
+            if v.ndim != len(domain) or any(v.shape[d] != domain[d] for d in others):
                 raise Unsupported(f"a piece of {ld.source.name} {tuple(v.shape)} does not span the domain {domain}")
         else:
             v = _domain_view(v, domain, reduced, False, ld.source.name)
@@ -169,11 +182,17 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     columns = prog.family == "rows" and _kept_innermost(ref, reduced)
     if columns:
         _check_column_program(prog)
-    order = _order(ref, reduced, prog.select_dim, columns)
+    sel = prog.select_dim
+    outer_select = sel is not None and _innermost(ref) != sel
+    if outer_select and domain[sel] == 1:
+        raise Unsupported("cat/pad producing a single element along its dim")
+    order = _order(ref, reduced, sel, columns, outer_select)
     if columns:
         fixed_inner = len(reduced)
+    elif outer_select:
+        fixed_inner = len(order)  # no forced innermost run: the select dim is outermost
     else:
-        fixed_inner = len(order) - (len(reduced) if reduced else (1 if prog.select_dim is not None else 0))
+        fixed_inner = len(order) - (len(reduced) if reduced else (1 if sel is not None else 0))
 
     all_views = [v for v, _ in load_view.values()] + [v for v, _ in store_views]
     # drop size-1 dims, then merge neighbours every operand walks through as one dim
@@ -242,11 +261,13 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     itemsize = min((o.dtype.itemsize for o in vec_ops), default=4)
     vector = min(MAX_VECTOR, max(1, 16 // itemsize)) if vec_ops else 1
     bounds = _select_bounds(prog)
-    while vector > 1 and not _vector_fits(vector, operands, bases, n, bool(outer) or prog.family == "rows", bounds):
+    inner_bounds = () if outer_select else bounds  # pieces along the vector dim must hold whole vectors
+    while vector > 1 and not _vector_fits(vector, operands, bases, n, bool(outer) or prog.family == "rows", inner_bounds):
         vector //= 2
     tail = n % vector != 0
     geo = Geometry(
-        operands, load_slot, store_slot, outer, n, vector, tail, select_bounds=bounds, bases=bases, columns=columns
+        operands, load_slot, store_slot, outer, n, vector, tail, select_bounds=bounds, bases=bases, columns=columns,
+        outer_select=outer_select,
     )
     _call_recipe(geo)
     if columns:

@@ -41,10 +41,11 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
                 r = REFERENCE_IMPLS[e.op](x, dims).reshape([1 if d in dims else s for d, s in enumerate(x.shape)])
             r = r.to(e.dtype)
         elif isinstance(e, Select):
-            shape = (*views[geo.store_slot[0]].shape[:-1], geo.n)
+            shape = views[geo.store_slot[0]].shape
             r = torch.full(shape, e.fill, dtype=e.dtype, device=views[0].device)
+            axis = len(geo.outer) - 1 if geo.outer_select else ndim - 1
             for p, lo, hi in zip(e.pieces, e.bounds, e.bounds[1:]):
-                r[..., lo:hi] = ev(p)
+                r.narrow(axis, lo, hi - lo).copy_(torch.as_tensor(ev(p)).expand(r.narrow(axis, lo, hi - lo).shape))
         else:
             raise TypeError(e)
         memo[id(e)] = r
