@@ -571,9 +571,12 @@ def build_rows(prog: Program, geo: Geometry):
             _for_range(rt, nvec, Tr, step)
             return finish(acc.load().reduce(red_op, identity, 0), op, tidx, acc_iter)
 
+        means: dict = {}  # id(arg) -> its row mean: var_mean's two halves share one pass
         for e in reductions_in_order(prog):
             if e.op in ("mean", "var"):
-                mean = reduce_pass("sum", e.arg) / N.to(cutlass.Float32)
+                if id(e.arg) not in means:
+                    means[id(e.arg)] = reduce_pass("sum", e.arg) / N.to(cutlass.Float32)
+                mean = means[id(e.arg)]
                 r = mean if e.op == "mean" else reduce_pass("sum", e.arg, mean) / (N.to(cutlass.Float32) - e.correction)
             else:
                 r = reduce_pass(e.op, e.arg)
