@@ -62,17 +62,51 @@ def fusion_block(trace, name: str = "fuser0") -> str:
     return "\n".join(l.strip() for l in lines[start:end]) + "\n"
 
 
-def check_layernorm_backward(device: str, shape=(64, 4097), atol=1e-4):
-    """Gradients of ``F.layer_norm`` through fuser_ex against eager (backward regions mix
-    row reductions, column reductions and saved broadcasts)."""
+def check_gradients(fn, x, params, atol=1e-4, require_kernels: bool = False):
+    """Output and gradients of ``fn(x, *params)`` through fuser_ex against eager.
+    ``require_kernels``: every segment of the forward and backward regions must have run a
+    kernel (or, on the CPU, the lowered program)."""
+    x, params = x.requires_grad_(), [p.requires_grad_() for p in params]
+    jfn = thunder.jit(fn, executors=[fuser_ex])
+    out = jfn(x, *params)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref = [t.detach().clone().requires_grad_() for t in (x, *params)]
+    expected = fn(*ref)
+    expected.backward(grad)
+    torch.testing.assert_close(out, expected, atol=atol, rtol=atol)
+    for t, r in zip((x, *params), ref):
+        torch.testing.assert_close(t.grad, r.grad, atol=atol, rtol=atol)
+    if require_kernels:
+        assert_every_segment_ran_a_kernel(jfn)
+
+
+def check_layernorm_backward(device: str, shape=(64, 4097), atol=1e-4, require_kernels: bool = False):
+    """``F.layer_norm`` (backward regions mix row reductions, column reductions and saved
+    broadcasts)."""
     from benchmarks.workloads import layernorm
 
     n = shape[-1]
-    x, w, b = (torch.randn(*s, device=device).requires_grad_() for s in [shape, (n,), (n,)])
-    out = thunder.jit(layernorm, executors=[fuser_ex])(x, w, b)
-    grad = torch.randn_like(out)
-    out.backward(grad)
-    ref = [t.detach().clone().requires_grad_() for t in (x, w, b)]
-    layernorm(*ref).backward(grad)
-    for t, r in zip((x, w, b), ref):
-        torch.testing.assert_close(t.grad, r.grad, atol=atol, rtol=atol)
+    x, w, b = (torch.randn(*s, device=device) for s in [shape, (n,), (n,)])
+    check_gradients(layernorm, x, [w, b], atol, require_kernels)
+
+
+def assert_every_segment_ran_a_kernel(jfn) -> None:
+    """Forward and backward regions of the last call: no segment ran on the reference backend."""
+    from thunder_fuser.runtime.region_runner import RegionRunner
+
+    for trace in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1]):
+        for v in trace.python_ctx().values():
+            if isinstance(v, RegionRunner):
+                for p in v.plans.values():
+                    assert all(k is not None for k in p.kernels.values()), p.kinds
+
+
+def check_batch_norm_backward(device: str, shape, atol=1e-4):
+    """A channels-last training-mode ``F.batch_norm``: every segment must run a kernel."""
+
+    def bn(x, w, b):
+        return torch.nn.functional.batch_norm(x, None, None, w, b, training=True)
+
+    x = torch.randn(*shape, device=device).to(memory_format=torch.channels_last)
+    check_gradients(bn, x, [torch.randn(shape[1], device=device) for _ in range(2)], atol, require_kernels=True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
-from helpers import check_layernorm_backward, check_vs_eager
+from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager
 from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
@@ -73,8 +73,8 @@ def test_layernorm_backward_on_kernels():
     """Row reductions (dx) and column reductions (dw, db) beside full-domain stores."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", KernelFallbackWarning)
-        check_layernorm_backward("cuda", (64, 4096))
-        check_layernorm_backward("cuda", (1000, 4097))
+        check_layernorm_backward("cuda", (64, 4096), require_kernels=True)
+        check_layernorm_backward("cuda", (1000, 4097), require_kernels=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -89,6 +89,25 @@ def test_column_reductions(dtype):
     run_without_fallback(lambda x: x.sum((0, 1)), _randn(16, 512, 1000, dtype=dtype))
     # var (Welford) with a large mean, where a sum-of-squares formula would cancel
     run_without_fallback(lambda x: torch.var_mean(x, (0, 1)), 1000 + _randn(64, 300, 256, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channels_last_batch_norm(dtype):
+    """Column statistics (one kernel), then the normalization (a second), running stats
+    updated in place."""
+
+    def f(x, w, b, rm, rv):
+        return torch.nn.functional.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1)
+
+    x = _randn(32, 64, 28, 28, dtype=dtype).to(memory_format=torch.channels_last)
+    w, b, rm, rv = (_randn(64, dtype=dtype) for _ in range(4))
+    run_without_fallback(f, x, w, b, rm, rv.abs())
+
+
+def test_channels_last_batch_norm_backward():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        check_batch_norm_backward("cuda", (32, 64, 28, 28))
 
 
 def test_gelu_bias_backward_785():

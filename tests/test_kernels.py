@@ -14,7 +14,7 @@ import torch
 from benchmarks.workloads import (
     GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
-from helpers import check_layernorm_backward, check_vs_eager
+from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import backend, segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
@@ -58,6 +58,10 @@ WORKLOADS = {
         lambda: (1 + 0.01 * _r(30, 20, 257),),
     ),
     "row prod": (lambda x: torch.prod(x, -1), lambda: (1 + 0.01 * _r(37, 1000),)),
+    "channels-last batch norm (column stats, then normalize)": (
+        lambda x, w, b, rm, rv: torch.nn.functional.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1),
+        lambda: (_r(8, 16, 10, 10).to(memory_format=torch.channels_last), _r(16), _r(16), _r(16), _r(16).abs()),
+    ),
     "cat and pad along outer dims": (
         lambda x, y: (torch.cat((x.exp(), y), 1) * 2, torch.nn.functional.pad(x, (0, 0, 1, 2), value=1.5)),
         lambda: (_r(2, 3, 16), _r(2, 5, 16)),
@@ -82,7 +86,13 @@ def test_lowered_programs_compute_what_the_reference_does(torch_kernels, name):
 
 def test_row_store_of_a_broadcast_value_writes_the_whole_row(torch_kernels):
     """layernorm's forward saves ``rstd`` broadcast to [n, d]: stored over the whole row."""
-    check_layernorm_backward("cpu", (64, 512))
+    check_layernorm_backward("cpu", (64, 512), require_kernels=True)
+
+
+def test_channels_last_batch_norm_backward_splits_at_column_reductions(torch_kernels):
+    """Forward and backward of a channels-last batch norm: column reductions whose results
+    the whole domain uses run as two programs (statistics, then the elementwise pass)."""
+    check_batch_norm_backward("cpu", (8, 16, 10, 10))
 
 
 def test_a_failing_kernel_falls_back_with_one_warning(monkeypatch):
@@ -161,6 +171,11 @@ FAMILIES = {
     ),
     "normalization, row too long for registers (softmax, looped passes)": (softmax, lambda: (_r(2, 70000),)),
     "row reductions (amin, var, prod)": (lambda x: (x.amin(-1), x.var(-1), x.prod(-1)), lambda: (_r(37, 1000),)),
+    "normalization over columns (channels-last batch norm: stats, then apply)": (
+        lambda x, w, b: torch.nn.functional.batch_norm(x, None, None, w, b, training=True),
+        lambda: (_r(8, 16, 10, 10, dtype=torch.bfloat16).to(memory_format=torch.channels_last),
+                 _r(16, dtype=torch.bfloat16), _r(16, dtype=torch.bfloat16)),
+    ),
     "resize along an outer dim (cat, bf16)": (
         lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))
     ),

@@ -238,6 +238,14 @@ def _store_scalar_if(t2: cute.Tensor, m, n, value, pred: cutlass.Boolean):
 
 
 @cute.jit
+def _load_scalar_if(t2: cute.Tensor, m, n, pred: cutlass.Boolean):
+    v = t2.element_type(0)
+    if pred:
+        v = t2[(m, n)]
+    return v
+
+
+@cute.jit
 def _block_reduce(val, acc: cute.Tensor, tidx, warps: cutlass.Constexpr, combine: cutlass.Constexpr,
                   identity: cutlass.Constexpr):
     warp = tidx // 32
@@ -340,6 +348,18 @@ def _store_vector(val, o, t2, tv, m, j, V, N, pred, tail=False):
 
 def _no_select(e, pieces):
     raise Unsupported("cat/pad in a reduction kernel")
+
+
+def _row_evaluator(geo: Geometry, t2s, m, n, pred, row_value) -> "Evaluator":
+    """An evaluator for one value per row (``n == 0``) or per column (``m == 0``): its
+    loads are row-shaped inputs, read as scalars."""
+
+    def load(ld: Load):
+        if not ld.row:
+            raise Unsupported(f"{ld.source.name} read in a per-row value")
+        return _load_scalar_if(t2s[geo.load_slot[id(ld)]], m, n, pred)
+
+    return Evaluator(load, row_value, _no_select)
 
 
 def _vector_evaluator(geo: Geometry, t2s, tvs, m, j, N, pred, row_value) -> "Evaluator":
@@ -483,7 +503,8 @@ def build_rows(prog: Program, geo: Geometry):
             part = _block_reduce(part, next(acc_iter), tidx, warps, combine, identity)
         return part
 
-    def store_rows(t2s, m, rt, row_ok, ev):
+    def store_rows(t2s, m, rt, row_ok, row_value):
+        ev = _row_evaluator(geo, t2s, m, 0, row_ok, row_value)
         for st, slot in zip(prog.stores, geo.store_slot):
             if st.is_row:
                 o = ops[slot]
@@ -539,7 +560,7 @@ def build_rows(prog: Program, geo: Geometry):
 
         for c in range(K):
             chunks.append(Evaluator(load_chunk(c), row_value, _no_select))
-        store_rows(t2s, m, rt, row_ok, chunks[0])
+        store_rows(t2s, m, rt, row_ok, row_value)
         for st, slot in zip(prog.stores, geo.store_slot):
             if not st.is_row:
                 for c in range(K):
@@ -581,7 +602,7 @@ def build_rows(prog: Program, geo: Geometry):
             else:
                 r = reduce_pass(e.op, e.arg)
             values[id(e)] = _cast(r, e.dtype) if e.dtype != torch.float32 else r
-        store_rows(t2s, m, rt, row_ok, Evaluator(None, lambda e: values[id(e)], _no_select))
+        store_rows(t2s, m, rt, row_ok, lambda e: values[id(e)])
         full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
 
         def store_step(j):
@@ -642,7 +663,7 @@ def _groups_to_workspace(acc: cute.Tensor, buf: cute.Tensor, ws: cute.Tensor, ti
     cute.arch.sync_threads()
     if tidx < V * CW:
         v = buf[tidx]
-        for g in cutlass.range_constexpr(1, RG):
+        for g in cutlass.range(1, RG):
             v = combine(v, buf[tidx + V * CW * g])
         if col0 + tidx < N:
             ws[(split, offset + col0 + tidx)] = v
@@ -684,7 +705,7 @@ def _welford_groups_to_workspace(mean: cute.Tensor, m2: cute.Tensor, buf_mean: c
         na = cutlass.Float32(0.0)
         ma = cutlass.Float32(0.0)
         qa = cutlass.Float32(0.0)
-        for g in cutlass.range_constexpr(RG):
+        for g in cutlass.range(RG):
             nb = ((rows - g + RG - 1) // RG).to(cutlass.Float32)  # rows group g walked
             na, ma, qa = _chan(na, ma, qa, nb, buf_mean[tidx + V * CW * g], buf_m2[tidx + V * CW * g])
         if col0 + tidx < N:
@@ -782,7 +803,7 @@ def build_columns(prog: Program, geo: Geometry):
             if e.op == "mean":
                 r = r / M.to(cutlass.Float32)
             values[id(e)] = _cast(r, e.dtype) if e.dtype != torch.float32 else r
-        ev = Evaluator(None, lambda e: values[id(e)], _no_select)
+        ev = _row_evaluator(geo, t2s, 0, c, ok, lambda e: values[id(e)])
         for st, slot in per_column:
             _store_scalar_if(t2s[slot], 0, c, _cast(ev.ev(st.expr), ops[slot].dtype), ok)
 

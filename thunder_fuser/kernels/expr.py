@@ -37,6 +37,7 @@ class Load:
     source: Value
     views: tuple[Node, ...] = ()
     shift: int | None = None  # set for a read inside a cat/pad piece: the piece's start
+    row: bool = False  # one value per reduced-away position (a reduction result), broadcast
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,15 +85,19 @@ class Store:
 class Program:
     family: str  # pointwise | rows
     domain: tuple[int, ...]
-    reduced: tuple[int, ...]  # rows: dims reduced (innermost after reordering)
+    reduced: tuple[int, ...]  # dims reduced (rows), or that row loads broadcast along (pointwise)
     stores: list[Store]
     loads: list[Load] = field(default_factory=list)  # distinct loads, in first-use order
     select_dim: int | None = None  # the domain dim cat/pad select along
 
 
 def is_row(e) -> bool:
+    """One value per row (per kept position): a reduction, a row-shaped input, or an op
+    over only those."""
     if isinstance(e, Reduce):
         return True
+    if isinstance(e, Load):
+        return e.row
     if isinstance(e, Op):
         tensors = [a for a in e.args if not _is_number(a)]
         return bool(tensors) and all(is_row(a) for a in tensors)
@@ -202,6 +207,41 @@ def reductions_in_order(prog: Program) -> list:
     return order
 
 
+def split_at_reductions(prog: Program) -> list[Program]:
+    """A reduction program whose full-domain stores depend on its own reductions, as two
+    programs: the reductions (each stored to a temporary, one value per row or column),
+    then a pointwise program that reads the temporaries broadcast. A column reduction
+    needs this (its result exists only after every block is done); it costs one more read
+    of the inputs the stores use."""
+    full_dep = [st for st in prog.stores if not st.is_row and _has_reduce(st.expr)]
+    temps: dict[int, Load] = {}
+    keep = tuple(1 if d in prog.reduced else s for d, s in enumerate(prog.domain))
+    first = [st for st in prog.stores if st not in full_dep]
+    for i, e in enumerate(r for r in reductions_in_order(prog) if any(r is x for st in full_dep for x in subexpressions([st.expr]))):
+        tmp = Value(f"_{e.op}{i}", keep, e.dtype)
+        temps[id(e)] = Load(tmp, row=True)
+        first.append(Store(tmp, e, is_row=True))
+    memo: dict[int, object] = {}
+
+    def swap(e):
+        if _is_number(e) or isinstance(e, Load):
+            return e
+        if id(e) not in memo:
+            if isinstance(e, Reduce):
+                memo[id(e)] = temps[id(e)]
+            elif isinstance(e, Op):
+                memo[id(e)] = Op(e.op, tuple(swap(a) for a in e.args), e.dtype)
+            else:
+                raise Unsupported(f"a {type(e).__name__.lower()} in a normalization's epilogue")
+        return memo[id(e)]
+
+    stats = Program("rows", prog.domain, prog.reduced, first)
+    apply = Program("pointwise", prog.domain, prog.reduced, [Store(st.target, swap(st.expr)) for st in full_dep])
+    for p in (stats, apply):
+        _collect_loads(p)
+    return [stats, apply]
+
+
 def _has_reduce(e) -> bool:
     return any(isinstance(x, Reduce) for x in subexpressions([e]))
 
@@ -217,6 +257,12 @@ class _Lowering:
         self.writes: set[int] = set()
         self.store_writes: list[Store] = []
         self._leaves: dict[int, Load] = {}
+        # shapes of one value per row (a running statistic beside a reduction's result)
+        self.row_shapes: set = set()
+        if seg.kind in ("reduction", "normalization") and seg.reduced:
+            dom, red = tuple(seg.domain), set(seg.reduced)
+            keep = tuple(1 if d in red else s for d, s in enumerate(dom))
+            self.row_shapes = {keep, tuple(s for d, s in enumerate(dom) if d not in red)} - {dom}
 
     def value(self, v):
         if not isinstance(v, Value):
@@ -227,7 +273,7 @@ class _Lowering:
             raise Unsupported(f"{v.name} is a number known only at run time")
         leaf = self._leaves.get(id(v))
         if leaf is None:
-            leaf = self._leaves[id(v)] = Load(v)
+            leaf = self._leaves[id(v)] = Load(v, row=tuple(v.shape) in self.row_shapes)
         return leaf
 
     def node(self, node: Node) -> None:
@@ -265,6 +311,12 @@ class _Lowering:
         if node.op not in _SUPPORTED_REDUCTIONS:
             raise Unsupported(f"no row kernel for {node.op}")
         dims = tuple(sorted(node.args[1]))
+        arg_shape = tuple(node.args[0].shape)
+        if node.op in ("sum", "amax", "amin", "prod") and all(arg_shape[d] == 1 for d in dims):
+            e = self.value(node.args[0])  # over size-1 dims only: the value itself, squeezed
+            if is_row(e) and node.outputs[0].dtype == dtype_of(e):
+                self.env[id(node.outputs[0])] = e
+                return
         if tuple(node.args[0].shape) != tuple(self.seg.domain) or dims != tuple(self.seg.reduced):
             raise Unsupported(f"{node.op} over {dims} of {tuple(node.args[0].shape)} is not the segment's row")
         arg = self.value(node.args[0])
@@ -282,7 +334,7 @@ class _Lowering:
         if isinstance(e, Load):
             if e.shift is not None:
                 raise Unsupported(f"{node.op} of a cat/pad piece")
-            return Load(e.source, e.views + (node,))
+            return Load(e.source, e.views + (node,), row=e.row and tuple(node.outputs[0].shape) in self.row_shapes)
         if is_row(e):
             if node.op == "slice_prim":
                 raise Unsupported("a slice of a reduction result")

@@ -115,8 +115,9 @@ def _by_stride(ref: torch.Tensor) -> list[int]:
 
 
 def _innermost(ref: torch.Tensor) -> int | None:
-    """The reference operand's fastest dim of more than one element."""
-    inner = [d for d in _by_stride(ref) if ref.shape[d] > 1]
+    """The reference operand's fastest dim of more than one element (a broadcast dim has
+    no place in memory)."""
+    inner = [d for d in _by_stride(ref) if ref.shape[d] > 1 and ref.stride(d) != 0]
     return inner[-1] if inner else None
 
 
@@ -146,7 +147,11 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     """``env`` maps ``id(Value)`` to the segment input tensors; ``store_tensors`` are the
     tensors each store writes (freshly allocated outputs, or the ``out`` of a write)."""
     domain = prog.domain
-    reduced = set(prog.reduced)
+    reduced = set(prog.reduced)  # for the views of row values
+    if prog.family != "rows":
+        reduced_views, reduced = reduced, set()  # a pointwise program iterates over every dim
+    else:
+        reduced_views = reduced
     bases: list[torch.Tensor] = []
     views: list[tuple[torch.Tensor, bool, int]] = []  # (domain view, is_store, base index)
 
@@ -168,15 +173,16 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
             if v.ndim != len(domain) or any(v.shape[d] != domain[d] for d in others):
                 raise Unsupported(f"a piece of {ld.source.name} {tuple(v.shape)} does not span the domain {domain}")
         else:
-            v = _domain_view(v, domain, reduced, False, ld.source.name)
+            v = _domain_view(v, domain, reduced_views, ld.row, ld.source.name)
         load_view[id(ld)] = (v, base_index(base))
     store_views = []
     for st, t in zip(prog.stores, store_tensors):
-        v = _domain_view(t, domain, reduced, st.is_row, st.target.name)
+        v = _domain_view(t, domain, reduced_views, st.is_row, st.target.name)
         store_views.append((v, base_index(t)))
 
     full_stores = [v for (v, _), st in zip(store_views, prog.stores) if not st.is_row]
-    ref = full_stores[0] if full_stores else next(iter(load_view.values()))[0]
+    full_loads = [load_view[id(ld)][0] for ld in prog.loads if not ld.row]
+    ref = full_stores[0] if full_stores else (full_loads or [next(iter(load_view.values()))[0]])[0]
     if ref.ndim != len(domain):
         ref = store_views[0][0]
     columns = prog.family == "rows" and _kept_innermost(ref, reduced)
@@ -339,6 +345,11 @@ def _row_tiling(geo: Geometry) -> None:
     geo.row_threads, geo.row_vectors = ROW_THREADS[-1], 0
 
 
+class NeedsSplit(Unsupported):
+    """A column program stores values computed from its own reductions over the whole
+    domain: it runs as two programs (``expr.split_at_reductions``)."""
+
+
 def _check_column_program(prog: Program) -> None:
     """A column kernel finishes its reductions only after every block is done (a second
     launch combines the blocks' partial results), so nothing stored over the whole domain
@@ -347,9 +358,7 @@ def _check_column_program(prog: Program) -> None:
 
     for st in prog.stores:
         if not st.is_row and any(isinstance(e, Reduce) for e in subexpressions([st.expr])):
-            raise Unsupported(
-                f"{st.target.name} is computed from a column reduction over the whole domain (it would need a grid-wide sync)"
-            )
+            raise NeedsSplit(f"{st.target.name} is computed from a column reduction over the whole domain")
 
 
 def column_state_offsets(reduces) -> list[int]:

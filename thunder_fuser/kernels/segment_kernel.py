@@ -12,9 +12,11 @@ from __future__ import annotations
 import torch
 
 from thunder_fuser.kernels import cache
-from thunder_fuser.kernels.expr import Program, Unsupported, lower_segment, reductions_in_order, render
+from thunder_fuser.kernels.expr import (
+    Program, Unsupported, lower_segment, reductions_in_order, render, split_at_reductions,
+)
 from thunder_fuser.kernels.geometry import (
-    Geometry, aligned, build_geometry, column_splits, column_state_offsets, views_for_call,
+    Geometry, NeedsSplit, aligned, build_geometry, column_splits, column_state_offsets, views_for_call,
 )
 from thunder_fuser.layout import strides_for_order
 
@@ -50,34 +52,48 @@ class SegmentKernel:
         writes = [n for n in self.seg.nodes if n.op in ("copy_to_out_", "copy_")]
         written = {id(n.kwargs["out"] if n.op == "copy_to_out_" else n.args[1]) for n in writes}
         self.write_outs = [(n.outputs[0], n.kwargs["out"] if n.op == "copy_to_out_" else n.args[1]) for n in writes]
-        for part in self.parts:
-            for st in part.prog.stores:
-                v = st.target
-                if id(v) in written:
-                    part.allocs.append(None)
-                else:
-                    order = self.orders.get(id(v)) or tuple(range(v.ndim))
-                    part.allocs.append((tuple(v.shape), strides_for_order(v.shape, order), v.dtype))
-            stores = _store_tensors(part, env, device)
-            _check_no_overlap(part, env, stores)
-            geo = build_geometry(part.prog, env, stores)
-            refs = []
-            for b in geo.bases:
-                ref = next(((True, i) for i, s in enumerate(stores) if s is b), None)
-                if ref is None:
-                    ref = next((False, id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
-                refs.append(ref)
-            part.base_refs, part.geo = refs, geo
-            part.store_recipe = [(id(st.target), a) for st, a in zip(part.prog.stores, part.allocs)]
-            if self.mode == "cute":
-                _check_verified(part.prog, geo)
-            if geo.columns:
-                splits, part.rows_per_split = column_splits(geo, _sm_count(device))
-                states = column_state_offsets(reductions_in_order(part.prog))[-1]
-                part.workspace = (splits, max(1, states) * geo.n)
-            if self.mode == "cute":
-                part.fn = compile_program(part.prog, geo, device)
         self.device = device
+        env = dict(env)  # later parts read what earlier ones store (a split's temporaries)
+        pending, self.parts = list(self.parts), []
+        while pending:
+            part = pending.pop(0)
+            try:
+                self._prepare_part(part, env, written, device)
+            except NeedsSplit:
+                pending[:0] = [_Part(p) for p in split_at_reductions(part.prog)]
+                continue
+            self.parts.append(part)
+
+    def _prepare_part(self, part: _Part, env, written: set, device) -> None:
+        part.allocs = []
+        for st in part.prog.stores:
+            v = st.target
+            if id(v) in written:
+                part.allocs.append(None)
+            else:
+                order = self.orders.get(id(v)) or tuple(range(v.ndim))
+                part.allocs.append((tuple(v.shape), strides_for_order(v.shape, order), v.dtype))
+        stores = _store_tensors(part, env, device)
+        _check_no_overlap(part, env, stores)
+        geo = build_geometry(part.prog, env, stores)
+        refs = []
+        for b in geo.bases:
+            ref = next(((True, i) for i, s in enumerate(stores) if s is b), None)
+            if ref is None:
+                ref = next((False, id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
+            refs.append(ref)
+        part.base_refs, part.geo = refs, geo
+        part.store_recipe = [(id(st.target), a) for st, a in zip(part.prog.stores, part.allocs)]
+        if self.mode == "cute":
+            _check_verified(part.prog, geo)
+        if geo.columns:
+            splits, part.rows_per_split = column_splits(geo, _sm_count(device))
+            states = column_state_offsets(reductions_in_order(part.prog))[-1]
+            part.workspace = (splits, max(1, states) * geo.n)
+        if self.mode == "cute":
+            part.fn = compile_program(part.prog, geo, device)
+        for st, t in zip(part.prog.stores, stores):
+            env[id(st.target)] = t
 
     def run(self, env) -> bool:
         """Run the segment; False when these tensors do not fit the compiled assumptions
@@ -91,6 +107,8 @@ class SegmentKernel:
             ]
             if FILL_NAN:
                 _fill_nan(part, stores)
+            for (target, _), t in zip(part.store_recipe, stores):
+                env[target] = t  # now: a later part may read it (a split's temporaries)
             bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
             geo = part.geo
             if geo.align_checks and not aligned(geo, bases):
@@ -105,8 +123,6 @@ class SegmentKernel:
                 from thunder_fuser.kernels.torch_eval import run_program
 
                 run_program(part.prog, part.geo, views)
-            for (target, _), t in zip(part.store_recipe, stores):
-                env[target] = t
         for out, dst in self.write_outs:
             env[id(out)] = env[id(dst)]
         return True
