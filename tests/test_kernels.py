@@ -129,6 +129,34 @@ def test_kernels_not_yet_checked_on_a_gpu_stay_off_by_default(monkeypatch):
     assert _kernels(jfn) == [("reference", None)]
 
 
+def test_a_transposed_reduction_result_is_not_a_row_value(torch_kernels):
+    """einsum's ``...a,...a->...`` transposes a row sum before storing it: the stored value
+    is not the reduction's rows in their order, so it is not lowered as one (a wrong result
+    found by thunder's OpInfo suite run through the lowered programs)."""
+    def f(a, b):
+        return torch.einsum("...a,...a->...", a, b)
+
+    a, b = _r(4), _r(4, 4, 4)
+    # without autograd thunder keeps the transpose in the reduction's segment
+    got = thunder.jit(f, executors=[fuser_ex], disable_torch_autograd=True)(a, b)
+    torch.testing.assert_close(got, f(a, b))
+
+
+def test_an_output_that_views_another_output_stays_a_view(torch_kernels):
+    """``e = c.view(-1)`` leaves the kernel as a view of ``c``, not a copy: the in-place
+    ``e += ...`` that follows must change ``c`` too (thunder's test_inplace_on_view)."""
+
+    def f(x, y):
+        c = torch.exp(x)
+        d = torch.tanh(y)
+        e = c.view(-1)
+        e += d.flatten()
+        d.div_(x)
+        return c, d, e
+
+    check_vs_eager(f, _r(2, 3), _r(2, 3))
+
+
 def test_empty_tensors_run_on_the_reference_backend(torch_kernels):
     """A kernel over an empty domain would launch an empty grid: the segment runs on torch."""
     jfn, _ = check_vs_eager(lambda x: (x * 2, x.sum(1)), _r(3, 0))

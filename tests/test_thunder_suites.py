@@ -8,16 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_thunder_suite(modules: list[str], selection: str) -> str:
+def _run_thunder_suite(modules: list[str], selection: str, **env_vars) -> str:
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
         "-p", "tests.thunder_suites.fuser_plugin", "--pyargs", *modules,
         "-k", selection, "-W", "ignore::DeprecationWarning",
     ]
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env_vars)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     tail = "\n".join(proc.stdout.splitlines()[-30:])
     assert proc.returncode == 0, tail
@@ -31,10 +33,23 @@ def test_core_vs_torch_consistency_with_fuser_ex():
     )
 
 
-def test_thunder_inplace_suites_with_fuser_ex():
+def test_core_vs_torch_consistency_through_lowered_kernel_programs():
+    """The same OpInfo samples with every segment a kernel template covers run as its
+    lowered program (torch over the kernel's operand views): lowering and geometry checked
+    on hundreds of shapes, strides and op combinations, on the CPU."""
+    _run_thunder_suite(
+        ["thunder.tests.test_ops"], "test_core_vs_torch_consistency and (float32 or int64 or bool8) and not cuda",
+        THUNDER_FUSER_KERNELS="torch",
+    )
+
+
+@pytest.mark.parametrize("kernels", ["auto", "torch"])
+def test_thunder_inplace_suites_with_fuser_ex(kernels):
     """thunder/tests/test_update_aliases.py and test_inplace_copy.py (CPU tests; their CUDA
-    tests need a GPU). Skips with reasons: tests/thunder_suites/fuser_plugin.py."""
+    tests need a GPU), on the reference backend and through the lowered kernel programs.
+    Skips with reasons: tests/thunder_suites/fuser_plugin.py."""
     tail = _run_thunder_suite(
-        ["thunder.tests.test_update_aliases", "thunder.tests.test_inplace_copy"], "not cuda"
+        ["thunder.tests.test_update_aliases", "thunder.tests.test_inplace_copy"], "not cuda",
+        THUNDER_FUSER_KERNELS=kernels,
     )
     assert " failed" not in tail

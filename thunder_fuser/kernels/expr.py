@@ -125,9 +125,10 @@ def lower_segment(seg: Segment) -> list[Program]:
     lw = _Lowering(seg)
     for node in seg.nodes:
         lw.node(node)
+    views = {id(o) for n in alias_views(seg) for o in n.outputs}
     stores = []
     for o in seg.outputs:
-        if id(o) in lw.writes:
+        if id(o) in lw.writes or id(o) in views:
             continue
         if not o.is_tensor:
             raise Unsupported(f"output {o.name} is a number")
@@ -155,6 +156,26 @@ def lower_segment(seg: Segment) -> list[Program]:
         _collect_loads(prog)
         progs.append(prog)
     return progs
+
+
+def alias_views(seg: Segment) -> list[Node]:
+    """The view nodes (in segment order) that make outputs which are views of a segment
+    input or of another output. torch runs them after the kernel, on the tensors it wrote:
+    a stored copy would not alias its source, and an in-place update of one must show in
+    the other (``e = c.view(-1); e += d`` changes ``c``)."""
+    producer = {id(o): n for n in seg.nodes for o in n.outputs}
+    visible = {id(v) for v in seg.inputs} | {id(o) for o in seg.outputs}
+    chosen: set[int] = set()
+    for o in seg.outputs:
+        chain, v = [], o
+        while id(v) in producer and producer[id(v)].op in METADATA:
+            node = producer[id(v)]
+            chain.append(node)
+            v = node.args[0]
+            if id(v) in visible:
+                chosen.update(id(n) for n in chain)
+                break
+    return [n for n in seg.nodes if id(n) in chosen]
 
 
 def _numel(shape) -> int:
@@ -266,6 +287,8 @@ class _Lowering:
 
     def value(self, v):
         if not isinstance(v, Value):
+            if not _is_number(v):
+                raise Unsupported(f"a {type(v).__name__} constant")
             return v
         if id(v) in self.env:
             return self.env[id(v)]
@@ -284,9 +307,8 @@ class _Lowering:
         elif op in _SUPPORTED_POINTWISE:
             if any(isinstance(a, (tuple, list)) for a in node.args):
                 raise Unsupported(f"{op} with sequence arguments")
-            args = tuple(self.value(a) for a in node.args)
-            if op == "convert_element_type":
-                args = args[:1]
+            # convert_element_type's second argument is the dtype: the node's output says it
+            args = tuple(self.value(a) for a in (node.args[:1] if op == "convert_element_type" else node.args))
             self.env[id(out)] = Op(op, args, out.dtype)
         elif op in REDUCTION:
             self.reduction(node)
@@ -336,9 +358,15 @@ class _Lowering:
                 raise Unsupported(f"{node.op} of a cat/pad piece")
             return Load(e.source, e.views + (node,), row=e.row and tuple(node.outputs[0].shape) in self.row_shapes)
         if is_row(e):
-            if node.op == "slice_prim":
-                raise Unsupported("a slice of a reduction result")
-            return e  # one number per row, whatever shape it is viewed as
+            # one number per row: any view that keeps the rows in their order (reshape,
+            # squeeze, broadcast_in_dim without reordering dims) is the same value; a
+            # transpose of kept dims (or a slice) is not
+            bdims = node.args[2] if node.op == "broadcast_in_dim" else ()
+            if node.op in ("reshape", "squeeze", "shallow_copy") or (
+                node.op == "broadcast_in_dim" and list(bdims) == sorted(bdims)
+            ):
+                return e
+            raise Unsupported(f"{node.op} of a reduction result")
         if isinstance(e, Op):
             return Op(e.op, tuple(self.view(a, node) for a in e.args), e.dtype)
         raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from thunder_fuser.backends import reference
 from thunder_fuser.kernels import cache
 from thunder_fuser.kernels.expr import (
-    Program, Unsupported, lower_segment, reductions_in_order, render, split_at_reductions,
+    Program, Unsupported, alias_views, lower_segment, reductions_in_order, render, split_at_reductions,
 )
 from thunder_fuser.kernels.geometry import (
     Geometry, NeedsSplit, aligned, build_geometry, column_splits, column_state_offsets, views_for_call,
@@ -45,6 +46,7 @@ class SegmentKernel:
         self.seg = seg
         self.mode = mode
         self.parts = [_Part(p) for p in lower_segment(seg)]  # raises Unsupported
+        self.post_views = alias_views(seg)  # outputs that are views: made by torch after the launches
         self.orders = orders
         self.write_outs: list = []  # (node output value, dst value) pairs
 
@@ -125,6 +127,8 @@ class SegmentKernel:
                 run_program(part.prog, part.geo, views)
         for out, dst in self.write_outs:
             env[id(out)] = env[id(dst)]
+        if self.post_views:
+            reference.run_nodes(self.post_views, env)
         return True
 
 
