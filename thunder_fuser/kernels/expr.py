@@ -238,7 +238,8 @@ def split_at_reductions(prog: Program) -> list[Program]:
     temps: dict[int, Load] = {}
     keep = tuple(1 if d in prog.reduced else s for d, s in enumerate(prog.domain))
     first = [st for st in prog.stores if st not in full_dep]
-    for i, e in enumerate(r for r in reductions_in_order(prog) if any(r is x for st in full_dep for x in subexpressions([st.expr]))):
+    used = {id(x) for x in subexpressions(st.expr for st in full_dep)}
+    for i, e in enumerate(r for r in reductions_in_order(prog) if id(r) in used):
         tmp = Value(f"_{e.op}{i}", keep, e.dtype)
         temps[id(e)] = Load(tmp, row=True)
         first.append(Store(tmp, e, is_row=True))
