@@ -47,9 +47,9 @@ def main():
     part = k.parts[0]
     env = {id(v): a for v, a in zip(plan.region.inputs, args)}
     from thunder_fuser.kernels.geometry import views_for_call
-    from thunder_fuser.kernels.segment_kernel import _store_tensors
+    from thunder_fuser.kernels.segment_kernel import _allocate
 
-    stores = _store_tensors(part, env, k.device)
+    stores = _allocate(part.store_recipe, env, k.device)
     bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
     views = tuple(views_for_call(part.geo, bases))
     rows = [

@@ -34,7 +34,7 @@ def storage_roots(region: Region) -> dict[int, Value]:
     root: dict[int, Value] = {id(v): v for v in region.inputs}
     for node in region.nodes:
         if node.op in ("copy_", "copy_to_out_"):
-            dst = node.args[1] if node.op == "copy_" else node.kwargs["out"]
+            dst = node.written
             root[id(node.output)] = root.get(id(dst), dst)
         elif node.op == "update_aliases":
             for a, o in zip(node.args[0], node.outputs):

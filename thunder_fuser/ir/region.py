@@ -72,6 +72,11 @@ class Node:
     def output(self) -> Value:
         return self.outputs[0]
 
+    @property
+    def written(self) -> Value:
+        """The tensor a ``copy_`` or ``copy_to_out_`` writes into."""
+        return self.args[1] if self.op == "copy_" else self.kwargs["out"]
+
     def __repr__(self) -> str:
         return self.text or f"{self.outputs} = {self.op}{self.args}"
 

@@ -406,17 +406,10 @@ def build_pointwise(prog: Program, geo: Geometry):
                 ext = o.shape[piece_axis]
                 pred = row_ok & (at >= shift) & (at < shift + ext)
                 val = _load_vector(o, t2s[slot], tvs[slot], (at - shift) * rest + within, j, V, N, pred, geo.tail)
-            elif shift is not None and _mode(o, V) != "bcast":
-                t2 = t2s[slot]
-                frag = _frag((1, V), o.dtype)
-                frag.fill(0)
+            elif shift is not None:  # pieces start at multiples of V (geometry's vector fit)
                 ext = o.shape[-1]
                 pred = row_ok & (n0 >= shift) & (n0 < shift + ext)
-                if _mode(o, V) == "vec":
-                    _copy_if(tvs[slot][(None, (m, j - shift // V))], frag, pred)
-                else:
-                    _gather_if(frag, t2, m, n0 - shift, ext, pred, V)
-                val = frag.load()
+                val = _load_vector(o, t2s[slot], tvs[slot], m, j - shift // V, V, ext, pred)
             else:
                 val = _load_vector(o, t2s[slot], tvs[slot], m, j, V, N, row_ok, geo.tail)
             loaded[slot] = val
@@ -463,15 +456,36 @@ def _vector(x, V, dt):
 
 # ---- rows ----------------------------------------------------------------------------------
 
-_REDUCE = {
-    "sum": (cute.ReductionOp.ADD, operator.add, 0.0),
-    "amax": (cute.ReductionOp.MAX, lambda a, b: cute.arch.fmax(a, b), -math.inf),
-    "amin": (cute.ReductionOp.MIN, lambda a, b: cutlass.min(a, b), math.inf),
-    "prod": (cute.ReductionOp.MUL, operator.mul, 1.0),
-}
-# element-wise combine of two fp32 vectors (or scalars), NaN-propagating like torch
+# per reduction: the in-vector reduction, the combine of two fp32 values or vectors
+# (NaN-propagating, like torch; threads, warps, blocks and splits all use it) and the identity
+_VECTOR_OP = {"sum": cute.ReductionOp.ADD, "amax": cute.ReductionOp.MAX, "amin": cute.ReductionOp.MIN,
+              "prod": cute.ReductionOp.MUL}
 _COMBINE = {"sum": operator.add, "mean": operator.add, "amax": _maximum, "amin": _minimum, "prod": operator.mul}
 _IDENTITY = {"sum": 0.0, "mean": 0.0, "amax": -math.inf, "amin": math.inf, "prod": 1.0}
+
+
+def _result(r, dtype):
+    """A row (or column) statistic, computed in fp32, as the dtype thunder gave it."""
+    return r if dtype == torch.float32 else _cast(r, dtype)
+
+
+def _row_statistic(e: Reduce, reduce, N, means: dict):
+    """The value of reduction ``e`` for one row. ``reduce(op, arg, center)`` reduces ``arg``
+    over the row (``(arg - center)**2`` when a center is given), however the template
+    holds the row; var is two-pass from the mean, and var_mean's halves share it."""
+    if e.op in ("mean", "var"):
+        if id(e.arg) not in means:
+            means[id(e.arg)] = reduce("sum", e.arg, None) / N.to(cutlass.Float32)
+        r = means[id(e.arg)]
+        if e.op == "var":
+            r = reduce("sum", e.arg, r) / (N.to(cutlass.Float32) - e.correction)
+    else:
+        r = reduce(e.op, e.arg, None)
+    return _result(r, e.dtype)
+
+
+def _centered(x, center):
+    return x if center is None else (x - center) * (x - center)
 
 
 @cute.jit
@@ -497,10 +511,9 @@ def build_rows(prog: Program, geo: Geometry):
 
     def finish(part, op, tidx, acc_iter):
         """A thread's partial of ``op`` reduced over the row's threads."""
-        _, combine, identity = _REDUCE[op]
-        part = cute.arch.warp_reduction(part, combine, threads_in_group=min(Tr, 32))
+        part = cute.arch.warp_reduction(part, _COMBINE[op], threads_in_group=min(Tr, 32))
         if Tr > 32:
-            part = _block_reduce(part, next(acc_iter), tidx, warps, combine, identity)
+            part = _block_reduce(part, next(acc_iter), tidx, warps, _COMBINE[op], _IDENTITY[op])
         return part
 
     def store_rows(t2s, m, rt, row_ok, row_value):
@@ -518,6 +531,7 @@ def build_rows(prog: Program, geo: Geometry):
         chunk_ok = [row_ok & (rt + c * Tr < nvec) for c in range(K)]
         loaded = {}
         row_cache: dict = {}
+        means: dict = {}
         acc_iter = iter(accs)
 
         def load_chunk(c):
@@ -534,28 +548,16 @@ def build_rows(prog: Program, geo: Geometry):
         chunks = []
 
         def row_value(e: Reduce):
-            if id(e) in row_cache:
-                return row_cache[id(e)]
-            if e.op in ("mean", "var"):
-                total = _row_reduce("sum", [_cast(ch.ev(e.arg), torch.float32) for ch in chunks])
-                mean = total / N.to(cutlass.Float32)
-                if e.op == "mean":
-                    r = mean
-                else:
-                    sq = [_cast(ch.ev(e.arg), torch.float32) - mean for ch in chunks]
-                    r = _row_reduce("sum", [d * d for d in sq]) / (N.to(cutlass.Float32) - e.correction)
-            else:
-                r = _row_reduce(e.op, [_cast(ch.ev(e.arg), torch.float32) for ch in chunks])
-            r = _cast(r, e.dtype) if e.dtype != torch.float32 else r
-            row_cache[id(e)] = r
-            return r
+            if id(e) not in row_cache:
+                row_cache[id(e)] = _row_statistic(e, reduce_registers, N, means)
+            return row_cache[id(e)]
 
-        def _row_reduce(op, vectors):
-            red_op, combine, identity = _REDUCE[op]
-            part = cutlass.Float32(identity)
-            for c, v in enumerate(vectors):
-                r = v.reduce(red_op, identity, 0)
-                part = combine(part, cutlass.Float32(cutlass.select_(chunk_ok[c], r, cutlass.Float32(identity))))
+        def reduce_registers(op, arg, center):
+            identity = cutlass.Float32(_IDENTITY[op])
+            part = identity
+            for c, ch in enumerate(chunks):
+                r = _centered(_cast(ch.ev(arg), torch.float32), center).reduce(_VECTOR_OP[op], _IDENTITY[op], 0)
+                part = _COMBINE[op](part, cutlass.Float32(cutlass.select_(chunk_ok[c], r, identity)))
             return finish(part, op, tidx, acc_iter)
 
         for c in range(K):
@@ -578,30 +580,19 @@ def build_rows(prog: Program, geo: Geometry):
         def chunk(j):
             return _vector_evaluator(geo, t2s, tvs, m, j, N, row_ok, lambda e: values[id(e)])
 
-        def reduce_pass(op, arg, center=None):
-            red_op, _, identity = _REDUCE[op]
+        def reduce_pass(op, arg, center):
             acc = _frag((1, V), torch.float32)
-            acc.fill(identity)
+            acc.fill(_IDENTITY[op])
 
             def step(j):
-                x = _vector(chunk(j).ev(arg), V, torch.float32)
-                if center is not None:
-                    x = (x - center) * (x - center)
-                acc.store(_COMBINE[op](acc.load(), x))
+                acc.store(_COMBINE[op](acc.load(), _centered(_vector(chunk(j).ev(arg), V, torch.float32), center)))
 
             _for_range(rt, nvec, Tr, step)
-            return finish(acc.load().reduce(red_op, identity, 0), op, tidx, acc_iter)
+            return finish(acc.load().reduce(_VECTOR_OP[op], _IDENTITY[op], 0), op, tidx, acc_iter)
 
-        means: dict = {}  # id(arg) -> its row mean: var_mean's two halves share one pass
+        means: dict = {}
         for e in reductions_in_order(prog):
-            if e.op in ("mean", "var"):
-                if id(e.arg) not in means:
-                    means[id(e.arg)] = reduce_pass("sum", e.arg) / N.to(cutlass.Float32)
-                mean = means[id(e.arg)]
-                r = mean if e.op == "mean" else reduce_pass("sum", e.arg, mean) / (N.to(cutlass.Float32) - e.correction)
-            else:
-                r = reduce_pass(e.op, e.arg)
-            values[id(e)] = _cast(r, e.dtype) if e.dtype != torch.float32 else r
+            values[id(e)] = _row_statistic(e, reduce_pass, N, means)
         store_rows(t2s, m, rt, row_ok, lambda e: values[id(e)])
         full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
 
@@ -802,7 +793,7 @@ def build_columns(prog: Program, geo: Geometry):
                 r = _combine_splits(ws, offset * N + c, ok, _COMBINE[e.op], _IDENTITY[e.op])
             if e.op == "mean":
                 r = r / M.to(cutlass.Float32)
-            values[id(e)] = _cast(r, e.dtype) if e.dtype != torch.float32 else r
+            values[id(e)] = _result(r, e.dtype)
         ev = _row_evaluator(geo, t2s, 0, c, ok, lambda e: values[id(e)])
         for st, slot in per_column:
             _store_scalar_if(t2s[slot], 0, c, _cast(ev.ev(st.expr), ops[slot].dtype), ok)

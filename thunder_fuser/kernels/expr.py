@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from thunder_fuser.ir.ops import METADATA, POINTWISE, REDUCTION
 from thunder_fuser.ir.region import Node, Value
 from thunder_fuser.segment import Segment
+from thunder_fuser.segment.segmenter import seg_kind
 
 
 class Unsupported(Exception):
@@ -311,14 +312,14 @@ class _Lowering:
             # convert_element_type's second argument is the dtype: the node's output says it
             args = tuple(self.value(a) for a in (node.args[:1] if op == "convert_element_type" else node.args))
             self.env[id(out)] = Op(op, args, out.dtype)
+        elif op in REDUCTION and seg_kind(node) == "view" and op != "var_mean":
+            self.squeeze(node)
         elif op in REDUCTION:
             self.reduction(node)
         elif op in ("cat", "pad"):
             self.resize(node)
-        elif op == "copy_to_out_":
-            self.write(node.args[0], node.kwargs["out"], out)
-        elif op == "copy_":
-            self.write(node.args[0], node.args[1], out)
+        elif op in ("copy_to_out_", "copy_"):
+            self.write(node.args[0], node.written, out)
         else:
             raise Unsupported(f"no kernel template for {op}")
 
@@ -334,12 +335,6 @@ class _Lowering:
         if node.op not in _SUPPORTED_REDUCTIONS:
             raise Unsupported(f"no row kernel for {node.op}")
         dims = tuple(sorted(node.args[1]))
-        arg_shape = tuple(node.args[0].shape)
-        if node.op in ("sum", "amax", "amin", "prod") and all(arg_shape[d] == 1 for d in dims):
-            e = self.value(node.args[0])  # over size-1 dims only: the value itself, squeezed
-            if is_row(e) and node.outputs[0].dtype == dtype_of(e):
-                self.env[id(node.outputs[0])] = e
-                return
         if tuple(node.args[0].shape) != tuple(self.seg.domain) or dims != tuple(self.seg.reduced):
             raise Unsupported(f"{node.op} over {dims} of {tuple(node.args[0].shape)} is not the segment's row")
         arg = self.value(node.args[0])
@@ -349,6 +344,15 @@ class _Lowering:
             self.env[id(node.outputs[1])] = Reduce("mean", arg, node.outputs[1].dtype, corr)
         else:
             self.env[id(node.outputs[0])] = Reduce(node.op, arg, node.outputs[0].dtype, corr)
+
+    def squeeze(self, node: Node) -> None:
+        """A reduction over size-1 dims only (the segmenter's ``view``): sum, amax, amin and
+        prod of one element are that element, so it is a reshape (var is not)."""
+        out = node.output
+        if node.op == "var":
+            raise Unsupported("var over size-1 dims")
+        e = self.view(self.value(node.args[0]), Node("reshape", (node.args[0], tuple(out.shape)), {}, node.outputs))
+        self.env[id(out)] = e if dtype_of(e) == out.dtype else Op("convert_element_type", (e,), out.dtype)
 
     def view(self, e, node: Node):
         """``node`` (a view or slice) applied to expression ``e``: pushed to its loads."""

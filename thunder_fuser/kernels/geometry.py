@@ -60,7 +60,6 @@ class Geometry:
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
     col_vectors: int = 0  # column vectors per block (columns only)
     outer_select: bool = False  # cat/pad along the outermost outer dim (pieces picked per row)
-    select_bounds: tuple = ()  # per Select, its bounds (compile-time constants)
     bases: list = field(default_factory=list)  # the first call's tensors the operands view
     identity: tuple = ()  # per operand: is it its base tensor unchanged (no view needed)?
     align_checks: tuple = ()  # per vector operand: (base, byte offset, alignment) checked per call
@@ -147,13 +146,11 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     """``env`` maps ``id(Value)`` to the segment input tensors; ``store_tensors`` are the
     tensors each store writes (freshly allocated outputs, or the ``out`` of a write)."""
     domain = prog.domain
-    reduced = set(prog.reduced)  # for the views of row values
-    if prog.family != "rows":
-        reduced_views, reduced = reduced, set()  # a pointwise program iterates over every dim
-    else:
-        reduced_views = reduced
+    if not _numel(domain):
+        raise Unsupported("an empty domain (nothing to launch)")
+    row_dims = set(prog.reduced)  # the dims a row value is broadcast along in its view
+    reduced = row_dims if prog.family == "rows" else set()  # the dims the kernel reduces
     bases: list[torch.Tensor] = []
-    views: list[tuple[torch.Tensor, bool, int]] = []  # (domain view, is_store, base index)
 
     def base_index(t: torch.Tensor) -> int:
         for i, b in enumerate(bases):
@@ -173,11 +170,11 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
             if v.ndim != len(domain) or any(v.shape[d] != domain[d] for d in others):
                 raise Unsupported(f"a piece of {ld.source.name} {tuple(v.shape)} does not span the domain {domain}")
         else:
-            v = _domain_view(v, domain, reduced_views, ld.row, ld.source.name)
+            v = _domain_view(v, domain, row_dims, ld.row, ld.source.name)
         load_view[id(ld)] = (v, base_index(base))
     store_views = []
     for st, t in zip(prog.stores, store_tensors):
-        v = _domain_view(t, domain, reduced_views, st.is_row, st.target.name)
+        v = _domain_view(t, domain, row_dims, st.is_row, st.target.name)
         store_views.append((v, base_index(t)))
 
     full_stores = [v for (v, _), st in zip(store_views, prog.stores) if not st.is_row]
@@ -272,7 +269,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
         vector //= 2
     tail = n % vector != 0
     geo = Geometry(
-        operands, load_slot, store_slot, outer, n, vector, tail, select_bounds=bounds, bases=bases, columns=columns,
+        operands, load_slot, store_slot, outer, n, vector, tail, bases=bases, columns=columns,
         outer_select=outer_select,
     )
     _call_recipe(geo)
@@ -280,8 +277,6 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
         geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
     elif prog.family == "rows":
         _row_tiling(geo)
-    if not _numel(domain):
-        raise Unsupported("an empty domain (nothing to launch)")
     if _numel(outer) * max(1, -(-n // vector)) >= 2**31:
         raise Unsupported("more than 2**31 vectors")
     return geo

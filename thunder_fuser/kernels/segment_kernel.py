@@ -1,6 +1,6 @@
 """One segment run by a generated kernel: lowering, geometry and compilation at the first
-call of a plan, then per call only allocation, one ``as_strided`` per operand and the
-TVM-FFI launch.
+call of a plan, then per call only allocation, an ``as_strided`` per operand that is not
+its tensor unchanged, and the TVM-FFI launch.
 
 ``mode`` picks what executes the lowered program: ``"cute"`` (CuTe DSL kernels, CUDA) or
 ``"torch"`` (``torch_eval``, any device), which runs the same operand views with torch so
@@ -52,8 +52,8 @@ class SegmentKernel:
 
     def prepare(self, env, device) -> None:
         writes = [n for n in self.seg.nodes if n.op in ("copy_to_out_", "copy_")]
-        written = {id(n.kwargs["out"] if n.op == "copy_to_out_" else n.args[1]) for n in writes}
-        self.write_outs = [(n.outputs[0], n.kwargs["out"] if n.op == "copy_to_out_" else n.args[1]) for n in writes]
+        written = {id(n.written) for n in writes}
+        self.write_outs = [(n.output, n.written) for n in writes]
         self.device = device
         env = dict(env)  # later parts read what earlier ones store (a split's temporaries)
         pending, self.parts = list(self.parts), []
@@ -75,7 +75,8 @@ class SegmentKernel:
             else:
                 order = self.orders.get(id(v)) or tuple(range(v.ndim))
                 part.allocs.append((tuple(v.shape), strides_for_order(v.shape, order), v.dtype))
-        stores = _store_tensors(part, env, device)
+        part.store_recipe = [(id(st.target), a) for st, a in zip(part.prog.stores, part.allocs)]
+        stores = _allocate(part.store_recipe, env, device)
         _check_no_overlap(part, env, stores)
         geo = build_geometry(part.prog, env, stores)
         refs = []
@@ -85,7 +86,6 @@ class SegmentKernel:
                 ref = next((False, id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
             refs.append(ref)
         part.base_refs, part.geo = refs, geo
-        part.store_recipe = [(id(st.target), a) for st, a in zip(part.prog.stores, part.allocs)]
         if self.mode == "cute":
             _check_verified(part.prog, geo)
         if geo.columns:
@@ -103,10 +103,7 @@ class SegmentKernel:
         launches = []
         device = self.device
         for part in self.parts:
-            stores = [
-                env[target] if a is None else torch.empty_strided(a[0], a[1], dtype=a[2], device=device)
-                for target, a in part.store_recipe
-            ]
+            stores = _allocate(part.store_recipe, env, device)
             if FILL_NAN:
                 _fill_nan(part, stores)
             for (target, _), t in zip(part.store_recipe, stores):
@@ -135,10 +132,11 @@ class SegmentKernel:
 FILL_NAN = False  # tests set it: every fresh output starts as NaN, so an unwritten element fails
 
 
-def _store_tensors(part: _Part, env, device):
+def _allocate(store_recipe, env, device) -> list:
+    """Per store: a fresh tensor, or for an in-place write the tensor it writes into."""
     return [
-        env[id(st.target)] if a is None else torch.empty_strided(a[0], a[1], dtype=a[2], device=device)
-        for a, st in zip(part.allocs, part.prog.stores)
+        env[target] if a is None else torch.empty_strided(a[0], a[1], dtype=a[2], device=device)
+        for target, a in store_recipe
     ]
 
 

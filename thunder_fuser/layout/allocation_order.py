@@ -159,7 +159,7 @@ def infer_allocation_orders(
             if not out.is_tensor or id(out) in result:
                 continue
             if node.op in ("copy_", "copy_to_out_"):
-                dst = node.args[1] if node.op == "copy_" else node.kwargs["out"]
+                dst = node.written
                 result[id(out)] = result.get(id(dst), tuple(range(out.ndim)))
                 continue
             if node.op == "update_aliases":

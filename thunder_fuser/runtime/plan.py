@@ -144,7 +144,7 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     for i in transpose_segments(segments, region, orders, prov):
         kinds[i] = "transpose"
     error = None
-    written = {id(n.args[1] if n.op == "copy_" else n.kwargs["out"]) for n in region.writes()}
+    written = {id(n.written) for n in region.writes()}
     for v, a in zip(region.inputs, args):
         if id(v) in written and isinstance(a, torch.Tensor) and torch._debug_has_internal_overlap(a) == 1:
             error = f"{_OVERLAP_MSG} (in-place write into '{v.name}' in {region.name})"

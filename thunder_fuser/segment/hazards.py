@@ -18,24 +18,20 @@ from thunder_fuser.ir.ops import kind_of
 from thunder_fuser.ir.region import Node, Region, Value
 
 
-def _written(node: Node) -> Value:
-    return node.args[1] if node.op == "copy_" else node.kwargs["out"]
-
-
 class WriteHazards:
     def __init__(self, region: Region):
         self.root = storage_roots(region)
-        self.written_roots = {id(self.root[id(_written(n))]) for n in region.writes()}
+        self.written_roots = {id(self.root[id(n.written)]) for n in region.writes()}
         # values that name the written memory itself, element for element (not a view)
         self.direct = {id(v) for v in region.inputs}
-        self.direct |= {id(n.output) for n in region.writes()} | {id(_written(n)) for n in region.writes()}
+        self.direct |= {id(n.output) for n in region.writes()} | {id(n.written) for n in region.writes()}
         self.readers: dict[int, list[tuple[Node, object]]] = {}  # root -> placed (reader, segment)
         self.writes: dict[int, list[tuple[Node, object]]] = {}  # root -> placed (write, segment)
 
     def _read_roots(self, node: Node) -> list[tuple[Value, int]]:
         vals = node.tensor_inputs()
         if node.op in ("copy_", "copy_to_out_"):
-            vals = [v for v in vals if v is not _written(node)]
+            vals = [v for v in vals if v is not node.written]
         return [(v, id(self.root.get(id(v), v))) for v in vals if id(self.root.get(id(v), v)) in self.written_roots]
 
     @staticmethod
@@ -53,7 +49,7 @@ class WriteHazards:
             if any(wseg.index > seg.index for _, wseg in placed):
                 return f"{node.op} reads {v.name} after the in-place write {latest.output.name}"
         if node.op in ("copy_", "copy_to_out_"):
-            dst = _written(node)
+            dst = node.written
             r = id(self.root.get(id(dst), dst))
             for reader, rseg in self.readers.get(r, []):
                 if rseg.index > seg.index:
@@ -71,5 +67,5 @@ class WriteHazards:
         for _, r in self._read_roots(node):
             self.readers.setdefault(r, []).append((node, seg))
         if node.op in ("copy_", "copy_to_out_"):
-            dst = _written(node)
+            dst = node.written
             self.writes.setdefault(id(self.root.get(id(dst), dst)), []).append((node, seg))
