@@ -8,10 +8,12 @@ silent fallback to the reference backend would otherwise pass unnoticed.
 import warnings
 
 import pytest
+import thunder
 import torch
 
 from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
-from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager
+from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager, check_vs_float64
+from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
@@ -29,10 +31,15 @@ def _randn(*shape, dtype=torch.float32):
     return torch.randn(*shape, device="cuda", dtype=dtype)
 
 
-def run_without_fallback(fn, *args):
+def run_without_fallback(fn, *args, check=check_vs_eager):
     with warnings.catch_warnings():
         warnings.simplefilter("error", KernelFallbackWarning)
-        return check_vs_eager(fn, *args)
+        return check(fn, *args)
+
+
+def reduce_without_fallback(fn, *args):
+    """Long reductions: compared with a float64 evaluation, beside eager's own error."""
+    return run_without_fallback(fn, *args, check=check_vs_float64)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -84,11 +91,11 @@ def test_column_reductions(dtype):
     def f(x):
         return x.sum(0), x.amax(0), x.amin(0), x.mean(0, keepdim=True), (1 + 0.01 * x).prod(0), x.var(0)
 
-    run_without_fallback(f, _randn(3000, 4096, dtype=dtype))
-    run_without_fallback(f, _randn(7, 33, dtype=dtype))  # fewer rows than row groups; ragged columns
-    run_without_fallback(lambda x: x.sum((0, 1)), _randn(16, 512, 1000, dtype=dtype))
+    reduce_without_fallback(f, _randn(3000, 4096, dtype=dtype))
+    reduce_without_fallback(f, _randn(7, 33, dtype=dtype))  # fewer rows than row groups; ragged columns
+    reduce_without_fallback(lambda x: x.sum((0, 1)), _randn(16, 512, 1000, dtype=dtype))
     # var (Welford) with a large mean, where a sum-of-squares formula would cancel
-    run_without_fallback(lambda x: torch.var_mean(x, (0, 1)), 1000 + _randn(64, 300, 256, dtype=dtype))
+    reduce_without_fallback(lambda x: torch.var_mean(x, (0, 1)), 1000 + _randn(64, 300, 256, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -114,7 +121,7 @@ def test_gelu_bias_backward_785():
     from benchmarks.workloads import GELU_SCALARS, gelu_bias_backward
 
     t = [_randn(4, 512, 4096) for _ in range(3)]
-    run_without_fallback(gelu_bias_backward, *t, *GELU_SCALARS)
+    reduce_without_fallback(gelu_bias_backward, *t, *GELU_SCALARS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -124,7 +131,7 @@ def test_rows_too_long_for_registers(dtype):
     x, w, b = _randn(5, n, dtype=dtype), _randn(n, dtype=dtype), _randn(n, dtype=dtype)
     run_without_fallback(softmax, x)
     run_without_fallback(layernorm, x, w, b)
-    run_without_fallback(lambda x: (x.sum(-1), x.amax(-1), x.var(-1)), x)
+    reduce_without_fallback(lambda x: (x.sum(-1), x.amax(-1), x.var(-1)), x)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -160,3 +167,22 @@ def test_copy_to_out_writes_in_place():
     args = [[_randn(s) for s in [(4097,), (64, 129)]] for _ in range(4)]
     args[3] = [a.abs() for a in args[3]]
     run_without_fallback(adam_step, *args)
+
+
+def test_tanh_rounded_to_bf16_is_within_one_ulp():
+    """A tanh whose result is rounded to bf16 at once runs as tanh.approx.f32: at most one
+    bf16 ulp from eager's exact tanh, anywhere on its range."""
+
+    def f(x):
+        return torch.tanh(x.float()).to(torch.bfloat16)
+
+    x = torch.linspace(-12, 12, 1 << 20, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        got = thunder.jit(f, executors=[fuser_ex])(x)
+    want = f(x)
+    w = want.float()
+    _, exponent = torch.frexp(w)  # w = m * 2**exponent, 0.5 <= |m| < 1
+    ulp = torch.ldexp(torch.full_like(w, torch.finfo(torch.bfloat16).eps), exponent - 1)
+    ulp = ulp.clamp_min(torch.finfo(torch.bfloat16).tiny)
+    assert ((got.float() - w).abs() <= ulp).all()

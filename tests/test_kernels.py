@@ -186,6 +186,7 @@ FAMILIES = {
     "pointwise ragged 1-D": (lambda a: torch.exp(a) * 2, lambda: (_r(4097),)),
     "pointwise gather (transposed input)": (lambda a, b: a * b, lambda: (_r(40, 33).t(), _r(33, 40))),
     "reduction": (lambda x: x.amax(-1), lambda: (_r(37, 1000),)),
+    "normalization, rows of one warp (softmax fp32, 128 wide)": (softmax, lambda: (_r(37, 128),)),
     "normalization (softmax)": (softmax, lambda: (_r(37, 1000),)),
     "normalization (layernorm, block reduction)": (layernorm, lambda: (_r(8, 4096), _r(4096), _r(4096))),
     "resize (rotate-half + residual)": (rotate_half_residual, lambda: (_r(2, 4, 33, 128, dtype=torch.bfloat16),)),
@@ -211,6 +212,30 @@ FAMILIES = {
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+def test_fake_tensors_agree_with_the_views_a_call_passes(name):
+    """TVM-FFI checks every call against the compiled signature: a static extent or stride
+    must equal the view's, one symbol shared by two operands must stand for equal extents,
+    and a symbol's divisibility must hold. A mismatch only shows at the first launch on a GPU."""
+    pytest.importorskip("cutlass")
+    from cutlass.cute.typing import SymInt
+
+    from thunder_fuser.kernels.cute_emit import fake_operands
+
+    fn, make = FAMILIES[name]
+    for p in _planned_parts(fn, make()):
+        bound = {}
+        for fake, o in zip(fake_operands(p.geo), p.geo.operands):
+            for fake_dims, real_dims in ((fake.shape, o.shape), (fake.stride, o.stride)):
+                assert len(fake_dims) == len(real_dims), (name, fake, o)
+                for f, r in zip(fake_dims, real_dims):
+                    if isinstance(f, SymInt):
+                        assert bound.setdefault(id(f), r) == r, (name, "one symbol, two extents", fake, o)
+                        assert r % f.divisibility == 0, (name, fake, o)
+                    else:
+                        assert f == r, (name, fake, o)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
 def test_every_family_compiles_to_ptx_without_a_gpu(name, tmp_path, monkeypatch):
     pytest.importorskip("cutlass")
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
@@ -227,3 +252,17 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, tmp_path, monkeypatch)
     if name.startswith("pointwise bf16"):
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx  # 128-bit accesses
     assert list((tmp_path / "cache").rglob("*.o")), "the compiled kernel is exported to the disk cache"
+
+
+def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(tmp_path, monkeypatch):
+    """tanh.approx.f32 errs by up to 2**-10.9 relative: below half a bf16 ulp, not an fp32 one."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
+
+    def ptx(fn, x):
+        return "".join(segment_kernel.compile_program(p.prog, p.geo, None).artifacts.PTX for p in _planned_parts(fn, (x,)))
+
+    assert "tanh.approx.f32" in ptx(lambda x: torch.tanh(x.float()).to(torch.bfloat16), _r(64, 256))
+    assert "tanh.approx" not in ptx(torch.tanh, _r(64, 256))

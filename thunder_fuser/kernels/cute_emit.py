@@ -78,7 +78,8 @@ def _where(c, a, b):
         return a if c else b
     if any(isinstance(x, cute.TensorSSA) for x in (c, a, b)):
         return cute.where(c, a, b)
-    return cutlass.select_(c, a, b)
+    r = cutlass.select_(c, a, b)  # a bare MLIR value: give it back its numeric type
+    return type(a)(r) if isinstance(a, cutlass.Numeric) else r
 
 
 def _maximum(a, b):  # NaN-propagating, like torch
@@ -156,6 +157,11 @@ def apply_op(e: Op, args, arg_dtypes):
     raise Unsupported(f"no kernel code for {op}")
 
 
+def _is_bf16_rounded_tanh(e) -> bool:
+    return (isinstance(e, Op) and e.op == "convert_element_type" and e.dtype == torch.bfloat16
+            and isinstance(e.args[0], Op) and e.args[0].op == "tanh" and e.args[0].dtype == torch.float32)
+
+
 class Evaluator:
     """Evaluates expressions for one vector (``load`` gives a leaf's vector); row results
     come from ``row_value`` (shared by every chunk of a row)."""
@@ -174,6 +180,12 @@ class Evaluator:
             r = self.load(e)
         elif isinstance(e, Reduce):
             r = self.row_value(e)
+        elif _is_bf16_rounded_tanh(e):
+            # fast-math tanh lowers to tanh.approx.f32 (one instruction, relative error below
+            # 2**-10.9) where the result is rounded to bf16 at once (half an ulp there is 2**-9):
+            # at most one bf16 ulp from the exact tanh, which costs a dozen instructions
+            x = _cast(self.ev(e.args[0].args[0]), torch.float32)
+            r = _cast(cute.math.tanh(x, fastmath=True), torch.bfloat16)
         elif isinstance(e, Op):
             r = apply_op(e, [self.ev(a) for a in e.args], [dtype_of(a) for a in e.args])
         elif isinstance(e, Select):
@@ -272,13 +284,46 @@ def _as_2d(t: cute.Tensor, rank: int) -> cute.Tensor:
     return cute.group_modes(t, 0, rank - 1)
 
 
+def _vector_view(t2: cute.Tensor, V: int) -> cute.Tensor:
+    """``t2`` tiled into ``(1, V)`` vectors along its second mode: ``((1, V), (M, nvec))``.
+    Built from the strides rather than by ``zipped_divide``, which divides the hierarchical
+    row mode by 1 and so costs a division per mode and per access at run time."""
+    rows, n = t2.shape
+    row_stride, n_stride = t2.stride
+    layout = cute.make_layout(((1, V), (rows, (n + V - 1) // V)), stride=((0, n_stride), (row_stride, V * n_stride)))
+    return cute.make_tensor(t2.iterator, layout)
+
+
 def _operand_views(ts, rank: int, V: int, ref_slot: int):
     """Every operand as 2-D ``(M, N)`` and tiled by vectors, and the extents of the domain
     (read from a stored operand: pieces of a cat have their own ``N``)."""
     t2s = tuple(_as_2d(t, rank) for t in ts)
-    tvs = tuple(cute.zipped_divide(t, (1, V)) for t in t2s)
+    tvs = tuple(_vector_view(t, V) for t in t2s)
     ref = t2s[ref_slot]
     return t2s, tvs, cute.size(ref, mode=[0]), cute.size(ref, mode=[1])
+
+
+def _row_coord(t2: cute.Tensor, m, rank: int):
+    """Row ``m`` as a coordinate of the hierarchical first mode, innermost first, divided
+    out once per thread from ``t2``'s extents: every operand then indexes with it by
+    multiply-adds alone (CuTe would divide a linear index once per operand and access)."""
+    if rank <= 2:
+        return m
+    coord = []
+    for s in t2.shape[0][:-1]:
+        q = m // s
+        coord.append(m - q * s)
+        m = q
+    return tuple(coord) + (m,)
+
+
+def _with_outermost(coord, value):
+    """``coord`` with its outermost (last) entry replaced: a piece's row of an outer select."""
+    return tuple(coord[:-1]) + (value,) if isinstance(coord, tuple) else value
+
+
+def _outermost(coord):
+    return coord[-1] if isinstance(coord, tuple) else coord
 
 
 def fake_operands(geo: Geometry):
@@ -290,6 +335,8 @@ def fake_operands(geo: Geometry):
     fakes = []
     for o in geo.operands:
         shape = list(reversed(outer)) + [n if o.shape[-1] == geo.n else o.shape[-1]]
+        if geo.outer_select:  # the select dim (outermost) is static: pieces have their own extent
+            shape[len(outer) - 1] = o.shape[len(outer) - 1]
         if not geo.outer:
             shape = [shape[-1]]
         vec = o.inner_mode == "vec"
@@ -386,15 +433,10 @@ def build_pointwise(prog: Program, geo: Geometry):
     outer_select = geo.outer_select
     piece_axis = len(geo.outer) - 1  # an outer select's dim: the outermost of the outer modes
 
-    def body(t2s, tvs, m, j, M, N, row_ok):
+    def body(t2s, tvs, m, j, N, row_ok):
         n0 = j * V
         loaded = {}
-        if outer_select:  # the row's position along the select dim, and within it
-            rest = M // geo.outer[0]
-            at = m // rest
-            within = m - at * rest
-        else:
-            at = n0
+        at = _outermost(m) if outer_select else n0  # the position along the select dim
 
         def load(ld: Load):
             slot = geo.load_slot[id(ld)]
@@ -405,7 +447,7 @@ def build_pointwise(prog: Program, geo: Geometry):
             if shift is not None and outer_select:
                 ext = o.shape[piece_axis]
                 pred = row_ok & (at >= shift) & (at < shift + ext)
-                val = _load_vector(o, t2s[slot], tvs[slot], (at - shift) * rest + within, j, V, N, pred, geo.tail)
+                val = _load_vector(o, t2s[slot], tvs[slot], _with_outermost(m, at - shift), j, V, N, pred, geo.tail)
             elif shift is not None:  # pieces start at multiples of V (geometry's vector fit)
                 ext = o.shape[-1]
                 pred = row_ok & (n0 >= shift) & (n0 < shift + ext)
@@ -433,7 +475,7 @@ def build_pointwise(prog: Program, geo: Geometry):
         lin = bidx * T + tidx
         m = lin // nvec
         j = lin - m * nvec
-        body(t2s, tvs, m, j, M, N, m < M)
+        body(t2s, tvs, _row_coord(t2s[ref_slot], m, rank), j, N, m < M)
 
     @cute.jit
     def launch(ts, stream):
@@ -612,7 +654,8 @@ def build_rows(prog: Program, geo: Geometry):
         bidx, _, _ = cute.arch.block_idx()
         m = bidx * rows_per_block + tidx // Tr
         rt = tidx % Tr
-        row_body(t2s, tvs, m, rt, tidx, N, m < M, _shared_accumulators(Tr, warps, n_reductions))
+        row_body(t2s, tvs, _row_coord(t2s[ref_slot], m, rank), rt, tidx, N, m < M,
+                 _shared_accumulators(Tr, warps, n_reductions))
 
     @cute.jit
     def launch(ts, stream):

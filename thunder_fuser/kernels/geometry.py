@@ -71,7 +71,7 @@ class Geometry:
         )
         return (
             len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors,
-            self.outer_select,
+            self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands),
         )
 
 
