@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# One device call to verify and measure: the CUDA tests (gated templates on), the host probe,
-# and the benchmark suite, each under its own time limit, logs under $OUT.
+# One device call to verify and measure: the CUDA tests, the host probe, the benchmark suite
+# and Nsight Compute on the workloads named in NCU (';'-separated), each under its own time
+# limit. Logs and results come back as one archive, $OUT/gpu.tgz.
 # Usage there: source .whl/env.sh || exit; bash scripts/gpu_verify.sh [TEST_S] [SUITE_S]
 export PYTHONPATH="$(pwd):${PYTHONPATH}" PYTHONUNBUFFERED=1 THUNDER_FUSER_CACHE=/tmp/tf-cache
-mkdir -p "$OUT/results"
+R=/tmp/gpu; mkdir -p "$R/results" "$R/ncu"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout "${1:-280}" python -m pytest -q -p no:cacheprovider -rfEs tests/test_cuda_kernels.py tests/test_cuda_workloads.py \
-  > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?"
-grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest.log" | tail -30
+  > "$R/pytest.log" 2>&1; echo "pytest rc=$?"
+grep -E "passed|failed|^FAILED|^ERROR|^E  " "$R/pytest.log" | tail -30
 timeout 60 python scripts/host_probe.py 2>&1 | tail -12
-THUNDER_FUSER_UNVERIFIED="${THUNDER_FUSER_UNVERIFIED-all}" timeout "${2:-240}" \
-  python -m benchmarks.run --out "$OUT/results" > "$OUT/results/stdout.txt" 2>&1; echo "suite rc=$?"
-python -m benchmarks.summary "$OUT/results" 2>&1 | head -40
+timeout "${2:-240}" python -m benchmarks.run --out "$R/results" > "$R/results/stdout.txt" 2>&1; echo "suite rc=$?"
+python -m benchmarks.summary "$R/results" 2>&1 | head -40
+IFS=';' read -ra names <<< "${NCU:-}"
+for w in "${names[@]}"; do
+  f="$R/ncu/$(echo "$w" | tr -c 'a-zA-Z0-9' '_').txt"
+  timeout 90 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+    --section WarpStateStats -k regex:kernel --launch-skip 2 --launch-count 2 python -m benchmarks.profile_one "$w" > "$f" 2>&1
+  echo "== $w"; grep -E "^  [a-z_]+kernel|Memory Throughput|DRAM Throughput|Duration|Compute \(SM\)|Registers Per|Achieved Occupancy|Grid Size" "$f" | head -20
+done
+tar czf "$OUT/gpu.tgz" -C "$R" .

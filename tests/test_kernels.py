@@ -115,20 +115,6 @@ def test_a_failing_kernel_falls_back_with_one_warning(monkeypatch):
     assert [kind for kind, _ in _kernels(jfn)] == ["reference"]
 
 
-def test_kernels_not_yet_checked_on_a_gpu_stay_off_by_default(monkeypatch):
-    """A column reduction compiles, but until the GPU suite has passed on it the segment runs
-    on the reference backend, and the warning says how to opt in."""
-    monkeypatch.setattr(plan_mod, "kernel_mode", lambda env, region: "cute")
-    monkeypatch.delenv("THUNDER_FUSER_UNVERIFIED", raising=False)
-    backend._warned.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        jfn, _ = check_vs_eager(lambda x: x.sum(0), _r(64, 33))
-    msgs = [str(w.message) for w in caught if issubclass(w.category, KernelFallbackWarning)]
-    assert len(msgs) == 1 and "THUNDER_FUSER_UNVERIFIED=columns" in msgs[0], msgs
-    assert _kernels(jfn) == [("reference", None)]
-
-
 def test_a_transposed_reduction_result_is_not_a_row_value(torch_kernels):
     """einsum's ``...a,...a->...`` transposes a row sum before storing it: the stored value
     is not the reduction's rows in their order, so it is not lowered as one (a wrong result

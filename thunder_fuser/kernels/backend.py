@@ -4,11 +4,6 @@
 ``nvidia-cutlass-dsl`` imports, the reference backend otherwise), ``cute``, ``torch`` (run
 lowered programs with torch on any device: the CPU check of lowering and geometry) or
 ``off`` (reference backend everywhere).
-
-Kernel templates that compile (CI checks their PTX) but have not yet been checked against
-eager on a GPU stay off by default: ``THUNDER_FUSER_UNVERIFIED`` lists the ones to use
-anyway (``columns``, ``long-rows``, ``outer-select``, ``prod``, or ``all``). The GPU test-suite turns them on; a template
-leaves this list once that suite has passed on the device.
 """
 
 from __future__ import annotations
@@ -53,19 +48,6 @@ def kernel_mode(env, region) -> str | None:
     if dev is not None and dev.type == "cuda" and (choice == "cute" or cute_available()):
         return "cute"
     return None
-
-
-UNVERIFIED = {
-    "columns": "column reductions",
-    "long-rows": "row reductions over rows too long for registers",
-    "outer-select": "cat/pad along a dim other than the fastest in memory",
-    "prod": "prod reductions",
-}
-
-
-def unverified_enabled(name: str) -> bool:
-    spec = {p.strip() for p in os.environ.get("THUNDER_FUSER_UNVERIFIED", "").split(",")}
-    return name in spec or "all" in spec
 
 
 class KernelFallbackWarning(UserWarning):

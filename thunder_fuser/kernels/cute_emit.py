@@ -714,6 +714,21 @@ def _combine_splits(ws: cute.Tensor, col, pred: cutlass.Boolean, combine: cutlas
 
 
 @cute.jit
+def _sum_splits(ws: cute.Tensor, col, pred: cutlass.Boolean):
+    """The splits' partial sums, Kahan-compensated: hundreds of splits added one after the
+    other would each round at the size of the whole sum."""
+    v = cutlass.Float32(0.0)
+    lost = cutlass.Float32(0.0)
+    if pred:
+        for s in cutlass.range(cute.size(ws, mode=[0])):
+            y = ws[(s, col)] - lost
+            t = v + y
+            lost = (t - v) - y
+            v = t
+    return v
+
+
+@cute.jit
 def _chan(na, ma, qa, nb, mb, qb):
     """Chan et al.'s merge of two (count, mean, sum of squared deviations) summaries."""
     n = na + nb
@@ -749,13 +764,16 @@ def _welford_groups_to_workspace(mean: cute.Tensor, m2: cute.Tensor, buf_mean: c
 
 @cute.jit
 def _welford_combine_splits(ws: cute.Tensor, col, N, M, per, pred: cutlass.Boolean):
+    """The splits' summaries merged one after the other, their means taken relative to the
+    first split's, so that a large mean does not round at every merge."""
     na = cutlass.Float32(0.0)
     ma = cutlass.Float32(0.0)
     qa = cutlass.Float32(0.0)
     if pred:
+        base = ws[(0, col)]
         for s in cutlass.range(cute.size(ws, mode=[0])):
             nb = cutlass.min(per, M - s * per).to(cutlass.Float32)
-            na, ma, qa = _chan(na, ma, qa, nb, ws[(s, col)], ws[(s, col + N)])
+            na, ma, qa = _chan(na, ma, qa, nb, ws[(s, col)] - base, ws[(s, col + N)])
     return qa
 
 
@@ -785,13 +803,20 @@ def build_columns(prog: Program, geo: Geometry):
         j = bx * CW + tidx % CW
         ok = j < N // V
         start = split * per + tidx // CW  # this thread's first row
+        r0 = split * per
+        r1 = cutlass.min(M, r0 + per)
+        first = _vector_evaluator(geo, t2s, tvs, start, j, N, ok & (start < r1), no_row_value)
         accs = []
         for e in reduces:
             if e.op == "var":  # Welford: running mean and sum of squared deviations
                 mean, m2 = _frag((1, V), torch.float32), _frag((1, V), torch.float32)
                 mean.fill(0.0)
                 m2.fill(0.0)
-                accs.append((mean, m2))
+                # the mean runs relative to the thread's first value (rounding then scales
+                # with the spread, not the size of the mean), which is added back at the end
+                shift = _frag((1, V), torch.float32)
+                shift.store(_vector(first.ev(e.arg), V, torch.float32))
+                accs.append((mean, m2, shift))
             else:
                 a = _frag((1, V), torch.float32)
                 a.fill(_IDENTITY[e.op])
@@ -804,9 +829,10 @@ def build_columns(prog: Program, geo: Geometry):
             for e, acc in zip(reduces, accs):
                 x = _vector(ev.ev(e.arg), V, torch.float32)
                 if e.op == "var":
-                    mean, m2 = acc
+                    mean, m2, shift = acc
                     n = ((m - start) // RG + 1).to(cutlass.Float32)
                     mu = mean.load()
+                    x = x - shift.load()
                     d = x - mu
                     mu = mu + d / n
                     mean.store(mu)
@@ -814,15 +840,15 @@ def build_columns(prog: Program, geo: Geometry):
                 else:
                     acc.store(_COMBINE[e.op](acc.load(), x))
 
-        r0 = split * per
-        r1 = cutlass.min(M, r0 + per)
         _for_range(start, r1, RG, step)
         smem = cutlass.utils.SmemAllocator()
         bufs = [smem.allocate_tensor(cutlass.Float32, V * T) for _ in range(2)]  # at most 16 KB
         col0 = bx * CW * V
         for e, acc, offset in zip(reduces, accs, offsets):
             if e.op == "var":
-                _welford_groups_to_workspace(*acc, *bufs, ws, tidx, split, col0, offset * N, r1 - r0, N, V, CW, RG)
+                mean, m2, shift = acc
+                mean.store(mean.load() + shift.load())
+                _welford_groups_to_workspace(mean, m2, *bufs, ws, tidx, split, col0, offset * N, r1 - r0, N, V, CW, RG)
             else:
                 _groups_to_workspace(acc, bufs[0], ws, tidx, split, col0, offset * N, N, V, CW, RG, _COMBINE[e.op])
 
@@ -832,6 +858,8 @@ def build_columns(prog: Program, geo: Geometry):
         for e, offset in zip(reduces, offsets):
             if e.op == "var":
                 r = _welford_combine_splits(ws, offset * N + c, N, M, per, ok) / (M.to(cutlass.Float32) - e.correction)
+            elif e.op in ("sum", "mean"):
+                r = _sum_splits(ws, offset * N + c, ok)
             else:
                 r = _combine_splits(ws, offset * N + c, ok, _COMBINE[e.op], _IDENTITY[e.op])
             if e.op == "mean":

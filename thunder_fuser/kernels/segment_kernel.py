@@ -86,8 +86,6 @@ class SegmentKernel:
                 ref = next((False, id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
             refs.append(ref)
         part.base_refs, part.geo = refs, geo
-        if self.mode == "cute":
-            _check_verified(part.prog, geo)
         if geo.columns:
             splits, part.rows_per_split = column_splits(geo, _sm_count(device))
             states = column_state_offsets(reductions_in_order(part.prog))[-1]
@@ -182,25 +180,6 @@ def compile_program(prog: Program, geo: Geometry, device):
         return cute.compile(launch, *args, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)
 
     return cache.get_or_compile(key, build)
-
-
-def _check_verified(prog: Program, geo: Geometry) -> None:
-    """Refuse (to the reference backend) a kernel that uses a template not yet checked on a
-    GPU, unless THUNDER_FUSER_UNVERIFIED names it."""
-    from thunder_fuser.kernels.backend import UNVERIFIED, unverified_enabled
-
-    used = {
-        "columns": geo.columns,
-        "long-rows": bool(geo.row_threads and not geo.row_vectors),
-        "outer-select": geo.outer_select,
-        "prod": any(e.op == "prod" for e in reductions_in_order(prog)),
-    }
-    for name, uses in used.items():
-        if uses and not unverified_enabled(name):
-            raise Unsupported(
-                f"the kernel for {UNVERIFIED[name]} has not yet been checked on a GPU "
-                f"(THUNDER_FUSER_UNVERIFIED={name} uses it anyway)"
-            )
 
 
 def _sm_count(device) -> int:
