@@ -16,7 +16,7 @@ IFS=';' read -ra names <<< "${NCU:-}"
 for w in "${names[@]}"; do
   f="$R/ncu/$(echo "$w" | tr -c 'a-zA-Z0-9' '_').txt"
   timeout 90 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
-    --section WarpStateStats -k regex:kernel --launch-skip 2 --launch-count 2 python -m benchmarks.profile_one "$w" > "$f" 2>&1
+    --section WarpStateStats -k regex:kernel_cutlass --launch-skip 2 --launch-count 4 python -m benchmarks.profile_one "$w" > "$f" 2>&1
   echo "== $w"; grep -E "^  [a-z_]+kernel|Memory Throughput|DRAM Throughput|Duration|Compute \(SM\)|Registers Per|Achieved Occupancy|Grid Size" "$f" | head -20
 done
 tar czf "$OUT/gpu.tgz" -C "$R" .

@@ -8,7 +8,7 @@ import torch
 from benchmarks.workloads import (
     GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
-from helpers import check_layernorm_backward, check_vs_eager
+from helpers import check_layernorm_backward, check_vs_eager, check_vs_float64
 
 pytestmark = pytest.mark.cuda
 
@@ -34,7 +34,8 @@ def test_rope_llama_shapes_and_noncontiguous_inputs():
 
 
 def test_gelu_bias_backward_and_adam():
-    check_vs_eager(gelu_bias_backward, *[_randn(16, 512, 256) for _ in range(3)], *GELU_SCALARS)
+    # the bias gradient sums 8,192 rows: compared with float64 beside eager's own error
+    check_vs_float64(gelu_bias_backward, *[_randn(16, 512, 256) for _ in range(3)], *GELU_SCALARS)
     args = [[_randn(s) for s in [(4097,), (64, 129)]] for _ in range(4)]
     args[3] = [a.abs() for a in args[3]]
     check_vs_eager(adam_step, *args)
