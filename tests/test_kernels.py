@@ -252,3 +252,39 @@ def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(tm
 
     assert "tanh.approx.f32" in ptx(lambda x: torch.tanh(x.float()).to(torch.bfloat16), _r(64, 256))
     assert "tanh.approx" not in ptx(torch.tanh, _r(64, 256))
+
+
+_COMPILE_ONE = """
+import os, sys, time
+sys.path.insert(0, "tests")
+import thunder_fuser  # noqa: F401
+from test_kernels import _planned_parts, _r
+from thunder_fuser.kernels import cache, segment_kernel
+part = _planned_parts(lambda x: x.exp() * 2, (_r(64, 256),))[0]
+while not os.path.exists(sys.argv[1]):  # both processes compile at the same moment
+    time.sleep(0.01)
+segment_kernel.compile_program(part.prog, part.geo, None)
+print(cache.stats["compiled"], cache.stats["loaded"])
+"""
+
+
+def test_two_processes_compiling_one_kernel_share_the_disk_cache(tmp_path):
+    """Each writer renames a private file into place, so two at once leave one whole kernel
+    and no temporaries, and a third process loads it instead of compiling."""
+    pytest.importorskip("cutlass")
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", THUNDER_FUSER_CACHE=str(tmp_path / "cache"), PYTHONPATH=root)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_ONE, str(go)], env=env, cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    go.touch()
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    files = [f.name for f in (tmp_path / "cache").rglob("*") if f.is_file()]
+    assert len(files) == 1 and files[0].endswith(".o"), files
+    third = subprocess.run([sys.executable, "-c", _COMPILE_ONE, str(go)], env=env, cwd=root, capture_output=True, text=True)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert third.stdout.split()[-2:] == ["0", "1"], third.stdout  # compiled 0, loaded 1
