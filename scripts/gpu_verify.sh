@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# One device call to verify and measure: the CUDA tests, the host probe, the benchmark suite
+# One device call to verify and measure: every cuda-marked test (kernels, workloads, SDPA
+# layouts), the demo, the host probe, the benchmark suite
 # and Nsight Compute on the workloads named in NCU (';'-separated), each under its own time
 # limit. Logs and results come back as one archive, $OUT/gpu.tgz.
 # Usage there: source .whl/env.sh || exit; bash scripts/gpu_verify.sh [TEST_S] [SUITE_S]
 export PYTHONPATH="$(pwd):${PYTHONPATH}" PYTHONUNBUFFERED=1 THUNDER_FUSER_CACHE=/tmp/tf-cache
 R=/tmp/gpu; mkdir -p "$R/results" "$R/ncu"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout "${1:-280}" python -m pytest -q -p no:cacheprovider -rfEs tests/test_cuda_kernels.py tests/test_cuda_workloads.py \
-  > "$R/pytest.log" 2>&1; echo "pytest rc=$?"
+timeout "${1:-280}" python -m pytest -q -p no:cacheprovider -rfEs -m cuda tests/test_cuda_kernels.py \
+  tests/test_cuda_workloads.py tests/test_layout.py > "$R/pytest.log" 2>&1; echo "pytest rc=$?"
 grep -E "passed|failed|^FAILED|^ERROR|^E  " "$R/pytest.log" | tail -30
+python examples/demo.py 2>&1 | tail -1
 timeout 60 python scripts/host_probe.py 2>&1 | tail -12
 timeout "${2:-240}" python -m benchmarks.run --out "$R/results" > "$R/results/stdout.txt" 2>&1; echo "suite rc=$?"
 python -m benchmarks.summary "$R/results" 2>&1 | head -40
