@@ -51,7 +51,7 @@ def main():
 
     stores = _allocate(part.store_recipe, env, k.device)
     bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
-    views = tuple(views_for_call(part.geo, bases))
+    views = views_for_call(part.geo, bases)
     rows = [
         ("eager x + 1", lambda: x + 1),
         ("eager gelu(x + b)", lambda: gelu_bias(x, b)),

@@ -27,10 +27,14 @@ def _device_of(env, region):
 
 
 def cute_available() -> bool:
+    """Whether CuTe DSL kernels can run: both packages import. TVM-FFI is imported here, once
+    per process with the DSL, rather than by the first ``load_module`` (which would charge
+    its ~40-100 ms import to the first cached kernel a process loads)."""
     global _cute_ok
     if _cute_ok is None:
         try:
             import cutlass.cute  # noqa: F401
+            import tvm_ffi  # noqa: F401
 
             _cute_ok = True
         except Exception:  # noqa: BLE001

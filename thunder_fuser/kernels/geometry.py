@@ -61,7 +61,8 @@ class Geometry:
     col_vectors: int = 0  # column vectors per block (columns only)
     outer_select: bool = False  # cat/pad along the outermost outer dim (pieces picked per row)
     bases: list = field(default_factory=list)  # the first call's tensors the operands view
-    identity: tuple = ()  # per operand: is it its base tensor unchanged (no view needed)?
+    call_views: tuple = ()  # per operand: (base index, None where the base is the view as it is, else
+    #                        (shape, stride, element offset) of its ``as_strided``)
     align_checks: tuple = ()  # per vector operand: (base, byte offset, alignment) checked per call
 
     def signature(self) -> tuple:
@@ -306,9 +307,10 @@ def _vector_fits(vector, operands, bases, n, has_outer, bounds) -> bool:
     return True
 
 
-def aligned(geo: Geometry, tensors) -> bool:
-    """Per call: do the base pointers still allow the vector width the kernel assumes?"""
-    for source, byte_offset, align in geo.align_checks:
+def aligned(checks, tensors) -> bool:
+    """Per call: do the base pointers still allow the vector width the kernel assumes?
+    ``checks``: (base index, byte offset, alignment) triples, from ``Geometry.align_checks``."""
+    for source, byte_offset, align in checks:
         if (tensors[source].data_ptr() + byte_offset) % align:
             return False
     return True
@@ -316,11 +318,16 @@ def aligned(geo: Geometry, tensors) -> bool:
 
 def _call_recipe(geo: Geometry) -> None:
     """What a call needs beyond the base tensors, computed once: which operands are their
-    base tensor as it is (passed without a view), and which base pointers to check."""
-    geo.identity = tuple(
-        o.offset == 0 and tuple(geo.bases[o.source].shape) == o.shape and geo.bases[o.source].stride() == o.stride
-        for o in geo.operands
-    )
+    base tensor as it is (passed without a view), the view of the others, and which base
+    pointers to check."""
+
+    def view(o):
+        b = geo.bases[o.source]
+        if o.offset == 0 and tuple(b.shape) == o.shape and b.stride() == o.stride:
+            return None
+        return (o.shape, o.stride, o.offset)
+
+    geo.call_views = tuple((o.source, view(o)) for o in geo.operands)
     if geo.vector > 1:
         geo.align_checks = tuple(
             (o.source, o.offset * o.dtype.itemsize, geo.vector * o.dtype.itemsize)
@@ -377,11 +384,10 @@ def column_splits(geo: Geometry, sm_count: int) -> tuple[int, int]:
     return max(1, -(-m // per)), per
 
 
-def views_for_call(geo: Geometry, bases) -> list[torch.Tensor]:
+def views_for_call(geo: Geometry, bases) -> tuple[torch.Tensor, ...]:
     """Each operand as the kernel sees it: its base tensor itself where that is already the
-    operand's view, else one ``as_strided``."""
-    out = []
-    for o, same in zip(geo.operands, geo.identity):
-        b = bases[o.source]
-        out.append(b if same else b.as_strided(o.shape, o.stride, b.storage_offset() + o.offset))
-    return out
+    operand's view, else one ``as_strided`` (per call: about a microsecond each)."""
+    return tuple([
+        bases[i] if v is None else bases[i].as_strided(v[0], v[1], bases[i].storage_offset() + v[2])
+        for i, v in geo.call_views
+    ])

@@ -32,6 +32,7 @@ class _Part:
         self.allocs: list = []  # per store: (shape, strides, dtype) to allocate, or None (a write)
         self.base_refs: list = []  # per geometry base: (True, store index) or (False, value id)
         self.store_recipe: list = []  # per store: (value id, allocation or None), read per call
+        self.checks: tuple = ()  # the geometry's alignment checks of bases this call does not allocate
         self.workspace: tuple | None = None  # column reductions: (splits, width) of the fp32 partials
         self.rows_per_split = 0
 
@@ -86,6 +87,9 @@ class SegmentKernel:
                 ref = next((False, id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
             refs.append(ref)
         part.base_refs, part.geo = refs, geo
+        fresh = {j for j, (from_store, i) in enumerate(refs) if from_store and part.allocs[i] is not None}
+        # a fresh allocation is 256-byte aligned, so only its static offset could misalign it
+        part.checks = tuple(c for c in geo.align_checks if c[0] not in fresh or c[1] % c[2])
         if geo.columns:
             splits, part.rows_per_split = column_splits(geo, _sm_count(device))
             states = column_state_offsets(reductions_in_order(part.prog))[-1]
@@ -97,7 +101,9 @@ class SegmentKernel:
 
     def run(self, env) -> bool:
         """Run the segment; False when these tensors do not fit the compiled assumptions
-        (alignment): the caller then runs the reference backend for this call."""
+        (alignment): the caller then runs the reference backend for this call. The per-call
+        path: allocate, read the bases, check the pointers of bases we did not allocate,
+        make the views, launch (``scripts/host_probe.py`` times each step)."""
         launches = []
         device = self.device
         for part in self.parts:
@@ -107,15 +113,17 @@ class SegmentKernel:
             for (target, _), t in zip(part.store_recipe, stores):
                 env[target] = t  # now: a later part may read it (a split's temporaries)
             bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
-            geo = part.geo
-            if geo.align_checks and not aligned(geo, bases):
+            if part.checks and not aligned(part.checks, bases):
                 if part is self.parts[0]:
                     return False
                 raise RuntimeError(f"segment {self.seg.index}: operands lost alignment between launches")
-            launches.append((part, stores, views_for_call(geo, bases)))
-        for part, stores, views in launches:
+            launches.append((part, views_for_call(part.geo, bases)))
+        for part, views in launches:
             if self.mode == "cute":
-                part.fn(tuple(views), *part.extra_args(device))
+                if part.workspace is None:
+                    part.fn(views)
+                else:
+                    part.fn(views, *part.extra_args(device))
             else:
                 from thunder_fuser.kernels.torch_eval import run_program
 
