@@ -1,5 +1,6 @@
-"""Pointwise kernels at several block sizes, on the large bandwidth-bound workloads (dev aid;
-run on the GPU machine): TB/s of thunder+fuser and of torch.compile, beside the copy."""
+"""Pointwise kernels at several block sizes and rows per thread along a broadcast mode, on the
+large bandwidth-bound workloads (dev aid; run on the GPU machine): TB/s of thunder+fuser and
+of torch.compile, beside the copy."""
 import os
 import sys
 import tempfile
@@ -11,7 +12,7 @@ import torch
 from benchmarks.suite import cases, nbytes
 from benchmarks.timing import device_ms
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import cache, cute_emit
+from thunder_fuser.kernels import cache, cute_emit, geometry
 
 NAMES = sys.argv[1].split(";") if len(sys.argv) > 1 else [
     "gelu(x + bias) bf16", "RoPE Llama-3-8B bf16", "RoPE Mistral-7B bf16", "rotate-half + residual bf16", "softmax bf16"]
@@ -30,8 +31,8 @@ def main():
         n = nbytes(c, args, c.fn(*args))
         ms, _ = device_ms(torch.compile(c.fn), [args])
         rows[c.name] = [f"compile {n / ms / 1e9:.2f}"]
-    for threads in (128, 256, 512, 1024):
-        cute_emit.POINTWISE_THREADS = threads
+    for threads, reuse in ((128, 1), (128, 2), (128, 4), (128, 8), (256, 4)):
+        cute_emit.POINTWISE_THREADS, geometry.REUSE_ROWS = threads, reuse
         os.environ["THUNDER_FUSER_CACHE"] = tempfile.mkdtemp()
         cache.clear_memory()
         for c in chosen:
@@ -39,7 +40,7 @@ def main():
             f = thunder.jit(c.fn, executors=[fuser_ex])
             n = nbytes(c, args, f(*args))
             ms, _ = device_ms(f, [args])
-            rows[c.name].append(f"T={threads} {n / ms / 1e9:.2f}")
+            rows[c.name].append(f"T={threads},R={reuse} {n / ms / 1e9:.2f}")
     for name, r in rows.items():
         print(f"{name:32s} " + "  ".join(r))
 

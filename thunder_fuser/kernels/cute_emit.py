@@ -303,18 +303,36 @@ def _operand_views(ts, rank: int, V: int, ref_slot: int):
     return t2s, tvs, cute.size(ref, mode=[0]), cute.size(ref, mode=[1])
 
 
-def _row_coord(t2: cute.Tensor, m, rank: int):
+def _row_coord(t2: cute.Tensor, m, rank: int, group: tuple = ()):
     """Row ``m`` as a coordinate of the hierarchical first mode, innermost first, divided
     out once per thread from ``t2``'s extents: every operand then indexes with it by
-    multiply-adds alone (CuTe would divide a linear index once per operand and access)."""
+    multiply-adds alone (CuTe would divide a linear index once per operand and access).
+    ``group`` = (mode, rows): ``m`` counts groups of ``rows`` along that mode, and the
+    coordinate's entry there is the group's index."""
     if rank <= 2:
         return m
+    extents = list(t2.shape[0][:-1])
+    if group and group[0] < len(extents):
+        r, rows = group
+        extents[r] = (extents[r] + rows - 1) // rows
     coord = []
-    for s in t2.shape[0][:-1]:
+    for s in extents:
         q = m // s
         coord.append(m - q * s)
         m = q
     return tuple(coord) + (m,)
+
+
+def _mode_extent(t2: cute.Tensor, rank: int, r: int):
+    return cute.size(t2, mode=[0]) if rank <= 2 else t2.shape[0][r]
+
+
+def _with_entry(coord, r: int, value):
+    return tuple(value if i == r else c for i, c in enumerate(coord)) if isinstance(coord, tuple) else value
+
+
+def _entry(coord, r: int):
+    return coord[r] if isinstance(coord, tuple) else coord
 
 
 def _with_outermost(coord, value):
@@ -433,15 +451,21 @@ def build_pointwise(prog: Program, geo: Geometry):
     outer_select = geo.outer_select
     piece_axis = len(geo.outer) - 1  # an outer select's dim: the outermost of the outer modes
 
-    def body(t2s, tvs, m, j, N, row_ok):
+    reuse = geo.reuse
+    invariant = {i for i, o in enumerate(ops) if reuse and not o.is_store and o.stride[reuse[0]] == 0}
+
+    def values(t2s, tvs, m, j, N, row_ok, shared):
+        """The stores' values at row ``m``, vector ``j``; a load of an operand broadcast along
+        the reuse mode comes from (and goes to) ``shared``, common to the thread's rows."""
         n0 = j * V
         loaded = {}
         at = _outermost(m) if outer_select else n0  # the position along the select dim
 
         def load(ld: Load):
             slot = geo.load_slot[id(ld)]
-            if slot in loaded:
-                return loaded[slot]
+            cache = shared if slot in invariant else loaded
+            if slot in cache:
+                return cache[slot]
             o = ops[slot]
             shift = ld.shift
             if shift is not None and outer_select:
@@ -454,7 +478,7 @@ def build_pointwise(prog: Program, geo: Geometry):
                 val = _load_vector(o, t2s[slot], tvs[slot], m, j - shift // V, V, ext, pred)
             else:
                 val = _load_vector(o, t2s[slot], tvs[slot], m, j, V, N, row_ok, geo.tail)
-            loaded[slot] = val
+            cache[slot] = val
             return val
 
         def select(e: Select, pieces):
@@ -465,8 +489,11 @@ def build_pointwise(prog: Program, geo: Geometry):
             return out.load()
 
         ev = Evaluator(load, None, select)
-        for st, slot in zip(prog.stores, geo.store_slot):
-            _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, V, N, row_ok, geo.tail)
+        return [ev.ev(st.expr) for st in prog.stores]
+
+    def store(vals, t2s, tvs, m, j, N, row_ok):
+        for val, slot in zip(vals, geo.store_slot):
+            _store_vector(val, ops[slot], t2s[slot], tvs[slot], m, j, V, N, row_ok, geo.tail)
 
     @cute.kernel
     def kernel(t2s, tvs, M: cutlass.Int32, N: cutlass.Int32, nvec: cutlass.Int32):
@@ -475,11 +502,28 @@ def build_pointwise(prog: Program, geo: Geometry):
         lin = bidx * T + tidx
         m = lin // nvec
         j = lin - m * nvec
-        body(t2s, tvs, _row_coord(t2s[ref_slot], m, rank), j, N, m < M)
+        coord = _row_coord(t2s[ref_slot], m, rank, reuse)
+        if cutlass.const_expr(not reuse):
+            store(values(t2s, tvs, coord, j, N, m < M, {}), t2s, tvs, coord, j, N, m < M)
+        else:
+            # all rows' loads first, then all stores: a store may alias a later row's load as far
+            # as the compiler knows, so interleaving them would serialize the rows' memory accesses
+            r, rows = reuse
+            extent = _mode_extent(t2s[ref_slot], rank, r)
+            first = _entry(coord, r) * rows
+            shared, pending = {}, []
+            for u in cutlass.range_constexpr(rows):
+                row, ok = _with_entry(coord, r, first + u), (m < M) & (first + u < extent)
+                pending.append((values(t2s, tvs, row, j, N, ok, shared), row, ok))
+            for vals, row, ok in pending:
+                store(vals, t2s, tvs, row, j, N, ok)
 
     @cute.jit
     def launch(ts, stream):
         t2s, tvs, M, N = _operand_views(ts, rank, V, ref_slot)
+        if cutlass.const_expr(bool(reuse)):
+            extent = _mode_extent(t2s[ref_slot], rank, reuse[0])
+            M = M // extent * ((extent + reuse[1] - 1) // reuse[1])  # groups of rows
         nvec = (N + V - 1) // V
         blocks = (M * nvec + T - 1) // T
         kernel(t2s, tvs, M, N, nvec).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)

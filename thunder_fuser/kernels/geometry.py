@@ -28,6 +28,7 @@ from thunder_fuser.kernels.expr import Load, Program, Unsupported
 MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
 ROW_THREADS = (32, 64, 128, 256, 512, 1024)
 MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value
+REUSE_ROWS = 4  # rows a pointwise thread walks along a broadcast mode (scripts/pointwise_probe.py)
 COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
 
 
@@ -60,6 +61,8 @@ class Geometry:
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
     col_vectors: int = 0  # column vectors per block (columns only)
     outer_select: bool = False  # cat/pad along the outermost outer dim (pieces picked per row)
+    reuse: tuple = ()  # pointwise: (outer mode, rows) a thread walks along one mode where some operand
+    #                    is broadcast, loading that operand once for all its rows
     bases: list = field(default_factory=list)  # the first call's tensors the operands view
     call_views: tuple = ()  # per operand: (base index, None where the base is the view as it is, else
     #                        (shape, stride, element offset) of its ``as_strided``)
@@ -72,7 +75,7 @@ class Geometry:
         )
         return (
             len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors,
-            self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands),
+            self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands), self.reuse,
         )
 
 
@@ -278,6 +281,8 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
         geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
     elif prog.family == "rows":
         _row_tiling(geo)
+    elif not outer_select:
+        geo.reuse = _broadcast_reuse(geo)
     if _numel(outer) * max(1, -(-n // vector)) >= 2**31:
         raise Unsupported("more than 2**31 vectors")
     return geo
@@ -305,6 +310,22 @@ def _vector_fits(vector, operands, bases, n, has_outer, bounds) -> bool:
         if (base.data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize):
             return False
     return True
+
+
+def _broadcast_reuse(geo: Geometry) -> tuple:
+    """(mode, rows): the outer mode (innermost-first index) along which the most loaded
+    operands are broadcast, walked ``rows`` at a time by each thread, so that those operands
+    are read once for all the rows (RoPE's cos and sin over the heads, a bias over the
+    tokens): fewer loads and less index arithmetic per element written. () when no operand
+    is broadcast along an outer mode."""
+    best, best_count = None, 0
+    for r, extent in enumerate(reversed(geo.outer)):
+        count = sum(1 for o in geo.operands if not o.is_store and o.stride[r] == 0)
+        if extent > 1 and count > best_count:
+            best, best_count = r, count
+    if best is None or REUSE_ROWS <= 1:
+        return ()
+    return (best, REUSE_ROWS)
 
 
 def aligned(checks, tensors) -> bool:
