@@ -8,22 +8,12 @@ import sys
 import tempfile
 import time
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
+import torch
 
-
-def us(fn, n=3000):
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+from benchmarks.timing import host_us
 
 
 @cute.kernel
@@ -149,7 +139,7 @@ def main():
     assert torch.equal(out[0, 0], x[0, 0] + b[0]), "pointer call wrong"
     print("host us per call")
     for name, fn in rows:
-        print(f"  {name:26s} {us(fn):6.2f}")
+        print(f"  {name:26s} {host_us(fn, (), 3000):6.2f}")
     d = tempfile.mkdtemp()
     ft.export_to_c(os.path.join(d, "probe_t.o"), function_name="probe_t")
     fp.export_to_c(os.path.join(d, "probe_p.o"), function_name="probe_p")

@@ -4,26 +4,14 @@ Prints microseconds per call, each from the wall clock of many back-to-back call
 pieces of a region call: thunder's call, our runner, the plan's run, the segment's run, the
 bare TVM-FFI kernel call, and the torch pieces the run makes (allocation, as_strided), beside
 one eager op."""
-import time
-
 import thunder_fuser  # noqa: F401
 import thunder
 import torch
 
+from benchmarks.timing import host_us
 from benchmarks.workloads import gelu_bias
 from thunder_fuser import fuser_ex
 from thunder_fuser.runtime.region_runner import RegionRunner
-
-
-def us(fn, n=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
 
 
 def main():
@@ -66,7 +54,7 @@ def main():
     ]
     print("host us per call")
     for name, fn in rows:
-        print(f"  {name:28s} {us(fn):7.1f}")
+        print(f"  {name:28s} {host_us(fn, (), 2000):7.1f}")
 
 
 if __name__ == "__main__":
