@@ -123,15 +123,18 @@ def check_layernorm_backward(device: str, shape=(64, 4097), atol=1e-4, require_k
     check_gradients(layernorm, x, [w, b], atol, require_kernels)
 
 
-def assert_every_segment_ran_a_kernel(jfn) -> None:
-    """Forward and backward regions of the last call: no segment ran on the reference backend."""
+def plans(trace) -> list:
+    """The plans of every fuser region of ``trace``."""
     from thunder_fuser.runtime.region_runner import RegionRunner
 
+    return [p for v in trace.python_ctx().values() if isinstance(v, RegionRunner) for p in v.plans.values()]
+
+
+def assert_every_segment_ran_a_kernel(jfn) -> None:
+    """Forward and backward regions of the last call: no segment ran on the reference backend."""
     for trace in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1]):
-        for v in trace.python_ctx().values():
-            if isinstance(v, RegionRunner):
-                for p in v.plans.values():
-                    assert all(k is not None for k in p.kernels.values()), p.kinds
+        for p in plans(trace):
+            assert all(k is not None for k in p.kernels.values()), p.kinds
 
 
 def check_batch_norm_backward(device: str, shape, atol=1e-4):

@@ -12,7 +12,7 @@ import thunder
 import torch
 
 from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
-from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager, check_vs_float64
+from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager, check_vs_float64, plans
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
@@ -138,7 +138,9 @@ def test_resize_rotate_half_and_rope(dtype):
     run_without_fallback(rotate_half_residual, _randn(2, 4, 33, 128, dtype=dtype))
     q = _randn(2, 64, 32, 128, dtype=dtype).transpose(1, 2)  # [b, h, s, d] laid out as [b, s, h, d]
     k = _randn(2, 64, 8, 128, dtype=dtype).transpose(1, 2)
-    run_without_fallback(rope, q, k, _randn(64, 128, dtype=dtype), _randn(64, 128, dtype=dtype))
+    jfn, _ = run_without_fallback(rope, q, k, _randn(64, 128, dtype=dtype), _randn(64, 128, dtype=dtype))
+    (plan,) = plans(thunder.last_traces(jfn)[-1])
+    assert plan.groups[0] is not None and plan.groups[0].fn is not None, plan.apart  # q and k: one launch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

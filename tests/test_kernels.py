@@ -14,22 +14,20 @@ import torch
 from benchmarks.workloads import (
     GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
-from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager
-from thunder_fuser import fuser_ex
+from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager, plans
+from thunder_fuser import explain, fuser_ex
 from thunder_fuser.kernels import backend, segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 from thunder_fuser.runtime import plan as plan_mod
-from thunder_fuser.runtime.region_runner import RegionRunner
+
+
+def _plans(jfn):
+    return plans(thunder.last_traces(jfn)[-1])
 
 
 def _kernels(jfn):
     """(segment kind, SegmentKernel or None) of every segment the last call planned."""
-    out = []
-    for v in thunder.last_traces(jfn)[-1].python_ctx().values():
-        if isinstance(v, RegionRunner):
-            for p in v.plans.values():
-                out += [(p.kinds[i], k) for i, k in sorted(p.kernels.items())]
-    return out
+    return [(p.kinds[i], k) for p in _plans(jfn) for i, k in sorted(p.kernels.items())]
 
 
 @pytest.fixture
@@ -257,6 +255,33 @@ def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(tm
 
     assert "tanh.approx.f32" in ptx(lambda x: torch.tanh(x.float()).to(torch.bfloat16), _r(64, 256))
     assert "tanh.approx" not in ptx(torch.tanh, _r(64, 256))
+
+
+def test_independent_segments_share_one_launch(tmp_path, monkeypatch):
+    """RoPE's q and k segments become one kernel (one PTX entry) whose blocks pick their
+    program; on the torch backend the same group runs each program and matches eager."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
+    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
+    q, k = _r(1, 32, 64, 128, dtype=torch.bfloat16), _r(1, 8, 64, 128, dtype=torch.bfloat16)
+    jfn, _ = check_vs_eager(rope, q, k, _r(64, 128, dtype=torch.bfloat16), _r(64, 128, dtype=torch.bfloat16))
+    (plan,) = _plans(jfn)
+    assert list(plan.groups) == [0] and plan.apart == {}
+    group = plan.groups[0]
+    ptx = segment_kernel.compile_group(group.parts, None).artifacts.PTX
+    assert ptx.count(".entry") == 1
+    one = sum(segment_kernel.compile_program(p.prog, p.geo, None).artifacts.PTX.count("st.global.v4") for p in group.parts)
+    assert ptx.count("st.global.v4") == one  # both programs' stores, in one kernel
+
+
+def test_a_group_that_cannot_share_a_launch_runs_apart_and_explain_says_why(torch_kernels, monkeypatch):
+    monkeypatch.setattr(segment_kernel, "LaunchGroup", None)  # building the group fails
+    jfn, _ = check_vs_eager(rope, _r(1, 4, 8, 16), _r(1, 2, 8, 16), _r(8, 16), _r(8, 16))
+    (plan,) = _plans(jfn)
+    assert plan.groups == {0: None} and "TypeError" in plan.apart[0]
+    assert "the segments sharing a launch with segment 0 launch apart: TypeError" in explain(jfn)
 
 
 _COMPILE_ONE = """

@@ -10,7 +10,7 @@ import thunder
 import torch
 
 from benchmarks.workloads import (
-    GELU_SCALARS, adam_step, gelu_bias_backward, layernorm, rmsnorm, rotate_half_residual, softmax,
+    GELU_SCALARS, adam_step, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
 from helpers import check_vs_eager, fusion_block
 from thunder_fuser import explain, fuser_ex
@@ -215,3 +215,35 @@ def test_inplace_adam_step_is_one_pointwise_with_each_tensor_written_once():
     args[3] = [args[3][0].abs()]
     jfn, _ = check_vs_eager(adam_step, *args)
     assert fusion_block(thunder.last_traces(jfn)[-1]) == ADAM
+
+
+ROPE_Q_AND_K = (
+    "(t8, t17) = fuser0(cos, q, sin, k)\n"
+    "# segment 0 [resize]  (cos, q, sin) -> (t8)  one launch with segment 1\n"
+    "#   t0 = prims.broadcast_in_dim(cos, (1, 4, 8, 16), (2, 3))\n"
+    "#   t1 = prims.mul(q, t0)\n"
+    "#   t2 = prims.slice_prim(q, [0, 0, 0, 8], [1, 4, 8, 16], [1, 1, 1, 1])\n"
+    "#   t3 = prims.neg(t2)\n"
+    "#   t4 = prims.slice_prim(q, [0, 0, 0, 0], [1, 4, 8, 8], [1, 1, 1, 1])\n"
+    "#   t5 = prims.cat([t3, t4], -1)\n"
+    "#   t6 = prims.broadcast_in_dim(sin, (1, 4, 8, 16), (2, 3))\n"
+    "#   t7 = prims.mul(t5, t6)\n"
+    "#   t8 = prims.add(t1, t7)\n"
+    "# segment 1 [resize]  (cos, k, sin) -> (t17)  one launch with segment 0\n"
+    "#   t9 = prims.broadcast_in_dim(cos, (1, 2, 8, 16), (2, 3))\n"
+    "#   t10 = prims.mul(k, t9)\n"
+    "#   t11 = prims.slice_prim(k, [0, 0, 0, 8], [1, 2, 8, 16], [1, 1, 1, 1])\n"
+    "#   t12 = prims.neg(t11)\n"
+    "#   t13 = prims.slice_prim(k, [0, 0, 0, 0], [1, 2, 8, 8], [1, 1, 1, 1])\n"
+    "#   t14 = prims.cat([t12, t13], -1)\n"
+    "#   t15 = prims.broadcast_in_dim(sin, (1, 2, 8, 16), (2, 3))\n"
+    "#   t16 = prims.mul(t14, t15)\n"
+    "#   t17 = prims.add(t10, t16)\n"
+)
+
+
+def test_rope_of_q_and_k_is_two_resize_segments_in_one_launch():
+    """q and k have different iteration domains, so two segments; neither reads the other,
+    so the schedule runs them as one launch, and the printout says so on both."""
+    jfn, _ = check_vs_eager(rope, torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(8, 16), torch.randn(8, 16))
+    assert fusion_block(thunder.last_traces(jfn)[-1]) == ROPE_Q_AND_K

@@ -72,6 +72,11 @@ def test_segments_partition_the_region_acyclically_and_compute_the_same_values(r
     run_nodes(region.nodes, env_prog)
     env_seg = {id(v): a for v, a in zip(region.inputs, args)}
     sched = schedule_segments(region, segments)
+    # a launch step's segments read nothing of each other, so one launch may run them together
+    assert [s for step in sched.steps for s in step] == sched.order
+    for step in sched.steps:
+        made = {id(o) for s in step for o in s.outputs}
+        assert len(step) == 1 or not any(id(v) in made for s in step for v in s.inputs)
     for seg in sched.order:
         run_nodes(seg.nodes, env_seg)
         for v in sched.free_after.get(seg.index, ()):

@@ -10,6 +10,7 @@ import torch
 
 from thunder_fuser.ir.region import Node, Value
 from thunder_fuser.segment import Segment
+from thunder_fuser.segment.schedule import launch_steps
 
 
 def _fmt(x) -> str:
@@ -42,11 +43,17 @@ def _names(values) -> str:
 
 
 def segment_lines(segments: list[Segment], kinds: dict[int, str] | None = None) -> list[str]:
+    shared = {}
+    for step in launch_steps(segments):
+        if len(step) > 1:
+            for seg in step:
+                others = [str(s.index) for s in step if s is not seg]
+                shared[seg.index] = f"  one launch with segment{'s' if len(others) > 1 else ''} {', '.join(others)}"
     lines = []
     for seg in segments:
         desc = seg.describe()
         if kinds and kinds.get(seg.index, seg.kind) != seg.kind:
             desc = kinds[seg.index]
-        lines.append(f"segment {seg.index} [{desc}]  ({_names(seg.inputs)}) -> ({_names(seg.outputs)})")
+        lines.append(f"segment {seg.index} [{desc}]  ({_names(seg.inputs)}) -> ({_names(seg.outputs)}){shared.get(seg.index, '')}")
         lines.extend(f"  {op_line(n)}" for n in seg.nodes)
     return lines

@@ -442,7 +442,11 @@ def _vector_evaluator(geo: Geometry, t2s, tvs, m, j, N, pred, row_value) -> "Eva
 
 # ---- pointwise ---------------------------------------------------------------------------
 
-def build_pointwise(prog: Program, geo: Geometry):
+def _pointwise_pieces(prog: Program, geo: Geometry):
+    """The pointwise template in two pieces, so that several independent programs can share
+    a launch: ``setup(ts)`` (host side of the launch: the operand views, the extents a
+    thread needs, and the block count) and ``thread(args, lin)`` (one thread's work; ``lin``
+    its index within the program's blocks)."""
     V, T = geo.vector, POINTWISE_THREADS
     rank = len(geo.outer) + 1
     ops = geo.operands
@@ -495,15 +499,12 @@ def build_pointwise(prog: Program, geo: Geometry):
         for val, slot in zip(vals, geo.store_slot):
             _store_vector(val, ops[slot], t2s[slot], tvs[slot], m, j, V, N, row_ok, geo.tail)
 
-    @cute.kernel
-    def kernel(t2s, tvs, M: cutlass.Int32, N: cutlass.Int32, nvec: cutlass.Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        lin = bidx * T + tidx
+    def thread(args, lin):
+        t2s, tvs, M, N, nvec = args
         m = lin // nvec
         j = lin - m * nvec
         coord = _row_coord(t2s[ref_slot], m, rank, reuse)
-        if cutlass.const_expr(not reuse):
+        if not reuse:
             store(values(t2s, tvs, coord, j, N, m < M, {}), t2s, tvs, coord, j, N, m < M)
         else:
             # all rows' loads first, then all stores: a store may alias a later row's load as far
@@ -512,21 +513,63 @@ def build_pointwise(prog: Program, geo: Geometry):
             extent = _mode_extent(t2s[ref_slot], rank, r)
             first = _entry(coord, r) * rows
             shared, pending = {}, []
-            for u in cutlass.range_constexpr(rows):
+            for u in range(rows):  # unrolled: a plain function, traced
                 row, ok = _with_entry(coord, r, first + u), (m < M) & (first + u < extent)
                 pending.append((values(t2s, tvs, row, j, N, ok, shared), row, ok))
             for vals, row, ok in pending:
                 store(vals, t2s, tvs, row, j, N, ok)
 
-    @cute.jit
-    def launch(ts, stream):
+    def setup(ts):
         t2s, tvs, M, N = _operand_views(ts, rank, V, ref_slot)
-        if cutlass.const_expr(bool(reuse)):
+        if reuse:
             extent = _mode_extent(t2s[ref_slot], rank, reuse[0])
             M = M // extent * ((extent + reuse[1] - 1) // reuse[1])  # groups of rows
         nvec = (N + V - 1) // V
-        blocks = (M * nvec + T - 1) // T
+        return (t2s, tvs, M, N, nvec), (M * nvec + T - 1) // T
+
+    return setup, thread
+
+
+def build_pointwise(prog: Program, geo: Geometry):
+    setup, thread = _pointwise_pieces(prog, geo)
+    T = POINTWISE_THREADS
+
+    @cute.kernel
+    def kernel(t2s, tvs, M: cutlass.Int32, N: cutlass.Int32, nvec: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        thread((t2s, tvs, M, N, nvec), bidx * T + tidx)
+
+    @cute.jit
+    def launch(ts, stream):
+        (t2s, tvs, M, N, nvec), blocks = setup(ts)
         kernel(t2s, tvs, M, N, nvec).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)
+
+    return launch
+
+
+def build_pointwise_group(progs: list, geos: list):
+    """Independent pointwise programs in one launch: the grid is their blocks one after the
+    other, and a block runs the program its index falls in (schedule.launch_steps)."""
+    pieces = [_pointwise_pieces(p, g) for p, g in zip(progs, geos)]
+    T = POINTWISE_THREADS
+
+    @cute.kernel
+    def kernel(args, starts):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        for i in cutlass.range_constexpr(len(pieces)):
+            if (bidx >= starts[i]) & (bidx < starts[i + 1]):
+                pieces[i][1](args[i], (bidx - starts[i]) * T + tidx)
+
+    @cute.jit
+    def launch(ts_list, stream):
+        args, starts = [], [cutlass.Int32(0)]
+        for i in cutlass.range_constexpr(len(pieces)):
+            a, blocks = pieces[i][0](ts_list[i])
+            args.append(a)
+            starts.append(starts[-1] + blocks)
+        kernel(tuple(args), tuple(starts)).launch(grid=[starts[-1], 1, 1], block=[T, 1, 1], stream=stream)
 
     return launch
 

@@ -105,34 +105,93 @@ class SegmentKernel:
         path: allocate, read the bases, check the pointers of bases we did not allocate,
         make the views, launch (``scripts/host_probe.py`` times each step)."""
         launches = []
-        device = self.device
         for part in self.parts:
-            stores = _allocate(part.store_recipe, env, device)
-            if FILL_NAN:
-                _fill_nan(part, stores)
-            for (target, _), t in zip(part.store_recipe, stores):
-                env[target] = t  # now: a later part may read it (a split's temporaries)
-            bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
-            if part.checks and not aligned(part.checks, bases):
+            views = self.part_views(part, env)
+            if views is None:
                 if part is self.parts[0]:
                     return False
                 raise RuntimeError(f"segment {self.seg.index}: operands lost alignment between launches")
-            launches.append((part, views_for_call(part.geo, bases)))
+            launches.append((part, views))
         for part, views in launches:
             if self.mode == "cute":
                 if part.workspace is None:
                     part.fn(views)
                 else:
-                    part.fn(views, *part.extra_args(device))
+                    part.fn(views, *part.extra_args(self.device))
             else:
-                from thunder_fuser.kernels.torch_eval import run_program
+                _run_on_torch(part, views)
+        self.finish(env)
+        return True
 
-                run_program(part.prog, part.geo, views)
+    def part_views(self, part: _Part, env):
+        """Allocate ``part``'s outputs into ``env`` and return the operand views of one
+        launch; None when a base pointer no longer allows the compiled vector width."""
+        stores = _allocate(part.store_recipe, env, self.device)
+        if FILL_NAN:
+            _fill_nan(part, stores)
+        for (target, _), t in zip(part.store_recipe, stores):
+            env[target] = t  # now: a later part may read it (a split's temporaries)
+        bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
+        if part.checks and not aligned(part.checks, bases):
+            return None
+        return views_for_call(part.geo, bases)
+
+    def finish(self, env) -> None:
+        """After the launches: in-place results name their destination; view outputs."""
         for out, dst in self.write_outs:
             env[id(out)] = env[id(dst)]
         if self.post_views:
             reference.run_nodes(self.post_views, env)
+
+
+class LaunchGroup:
+    """Independent one-launch pointwise segments run as one launch (``schedule.launch_steps``)."""
+
+    def __init__(self, kernels: list[SegmentKernel]):
+        self.kernels = kernels
+        self.parts = [k.parts[0] for k in kernels]
+        self.mode = kernels[0].mode
+        self.fn = None
+        if self.mode == "cute":
+            self.fn = compile_group(self.parts, kernels[0].device)
+
+    def run(self, env) -> bool:
+        """False when a member's pointers do not fit (then each runs on its own)."""
+        calls = []
+        for k, part in zip(self.kernels, self.parts):
+            views = k.part_views(part, env)
+            if views is None:
+                return False
+            calls.append(views)
+        if self.fn is not None:
+            self.fn(tuple(calls))
+        else:
+            for part, views in zip(self.parts, calls):
+                _run_on_torch(part, views)
+        for k in self.kernels:
+            k.finish(env)
         return True
+
+
+def launch_group(kernels: list) -> tuple[LaunchGroup | None, str]:
+    """A LaunchGroup of these segments' kernels, or None and why they launch apart."""
+    for k in kernels:
+        if k is None:
+            return None, "a member runs on the reference backend"
+        if len(k.parts) != 1 or k.parts[0].prog.family != "pointwise" or k.parts[0].geo.columns:
+            return None, f"segment {k.seg.index} is not one pointwise launch"
+        if k.write_outs or k.mode != kernels[0].mode or k.device != kernels[0].device:
+            return None, f"segment {k.seg.index} writes in place or runs elsewhere"
+    try:
+        return LaunchGroup(kernels), ""
+    except Exception as e:  # noqa: BLE001 - the members still run, one launch each
+        return None, f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def _run_on_torch(part: _Part, views) -> None:
+    from thunder_fuser.kernels.torch_eval import run_program
+
+    run_program(part.prog, part.geo, views)
 
 
 FILL_NAN = False  # tests set it: every fresh output starts as NaN, so an unwritten element fails
@@ -169,21 +228,36 @@ EXTRA_OPTIONS = ""  # e.g. " --keep-ptx" (tests read the PTX from the compiled f
 
 
 def compile_program(prog: Program, geo: Geometry, device):
+    return _compile([(prog, geo)], device)
+
+
+def compile_group(parts: list, device):
+    """One launch for several independent pointwise programs (``cute_emit.build_pointwise_group``)."""
+    return _compile([(p.prog, p.geo) for p in parts], device)
+
+
+def _compile(members: list, device):
     import os
 
     from thunder_fuser.kernels import cute_emit
 
     arch = os.environ.get("CUTE_DSL_ARCH") or _arch(device)
-    key = ("v1", prog.family, _program_text(prog, geo), geo.signature(), arch)
+    texts = tuple((prog.family, _program_text(prog, geo), geo.signature()) for prog, geo in members)
+    key = ("v1", texts[0], arch) if len(members) == 1 else ("group v1", texts, arch)
 
     def build():
         import cutlass.cute as cute
         from cutlass.cute.runtime import make_fake_stream
 
-        launch = cute_emit.build_launch(prog, geo)
-        args = [cute_emit.fake_operands(geo)]
-        if geo.columns:
-            args += [cute_emit.fake_workspace(), 1]
+        if len(members) == 1:
+            prog, geo = members[0]
+            launch = cute_emit.build_launch(prog, geo)
+            args = [cute_emit.fake_operands(geo)]
+            if geo.columns:
+                args += [cute_emit.fake_workspace(), 1]
+        else:
+            launch = cute_emit.build_pointwise_group([p for p, _ in members], [g for _, g in members])
+            args = [tuple(cute_emit.fake_operands(g) for _, g in members)]
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
         return cute.compile(launch, *args, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)
 

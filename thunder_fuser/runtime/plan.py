@@ -16,7 +16,7 @@ from thunder_fuser import debug
 from thunder_fuser.backends import reference
 from thunder_fuser.kernels.backend import KERNEL_KINDS, _device_of, kernel_mode, warn_fallback
 from thunder_fuser.kernels.expr import Unsupported
-from thunder_fuser.kernels.segment_kernel import SegmentKernel
+from thunder_fuser.kernels.segment_kernel import SegmentKernel, launch_group
 from thunder_fuser.ir.region import Region, Value
 from thunder_fuser.layout import dim_provenance, infer_allocation_orders, stride_order, strides_for_order
 from thunder_fuser.segment import Segment, schedule_segments
@@ -79,6 +79,8 @@ class Plan:
     written_inputs: tuple[int, ...] = ()
     schedule: object = None  # computed once per plan, not per call
     kernels: dict = field(default_factory=dict)  # segment index -> SegmentKernel, or None: reference
+    groups: dict = field(default_factory=dict)  # first segment index of a step -> LaunchGroup, or None
+    apart: dict = field(default_factory=dict)  # first segment index of a step -> why it launches apart
 
     def _kernel_for(self, seg: Segment, env):
         """Build the segment's kernel at the plan's first call, when every tensor it reads
@@ -98,6 +100,16 @@ class Plan:
         self.kernels[seg.index] = k
         return k
 
+    def _group_for(self, step: list, env):
+        """At the plan's first call: the members' kernels (each reads only what earlier steps
+        made, so all can be built now) as one launch, or None (the reason kept for explain)."""
+        ks = [self.kernels[s.index] if s.index in self.kernels else self._kernel_for(s, env) for s in step]
+        g, why = launch_group(ks)
+        self.groups[step[0].index] = g
+        if g is None:
+            self.apart[step[0].index] = why
+        return g
+
     def run(self, args):
         if self.error is not None:
             raise RuntimeError(self.error)
@@ -113,14 +125,24 @@ class Plan:
         env: dict[int, object] = dict(zip(self.input_ids, args))
         kernels = self.kernels
         free_after = self.schedule.free_after
-        for seg in self.schedule.order:
-            k = kernels.get(seg.index, _UNSET)
-            if k is _UNSET:
-                k = self._kernel_for(seg, env)
-            if k is None or not k.run(env):
-                reference.run_nodes(seg.nodes, env)
-            for v in free_after.get(seg.index, ()):
-                env.pop(id(v), None)
+        for step in self.schedule.steps:
+            if len(step) > 1:
+                g = self.groups.get(step[0].index, _UNSET)
+                if g is _UNSET:
+                    g = self._group_for(step, env)
+                if g is not None and g.run(env):
+                    for seg in step:
+                        for v in free_after.get(seg.index, ()):
+                            env.pop(id(v), None)
+                    continue
+            for seg in step:
+                k = kernels.get(seg.index, _UNSET)
+                if k is _UNSET:
+                    k = self._kernel_for(seg, env)
+                if k is None or not k.run(env):
+                    reference.run_nodes(seg.nodes, env)
+                for v in free_after.get(seg.index, ()):
+                    env.pop(id(v), None)
         results = []
         for oid, strides in self.output_recipe:
             t = env[oid]

@@ -1,8 +1,12 @@
-"""Run order and buffer lifetimes for a region's segments.
+"""Run order, launches and buffer lifetimes for a region's segments.
 
 Segments run in creation order (a topological order by construction of the segmenter).
-A value passed between segments is allocated by its producer and freed right after the
-last segment that reads it, unless the region returns it.
+Consecutive pointwise/resize segments that read nothing of each other (RoPE's q and k: the
+segmenter keeps different iteration domains apart) form one step: the plan runs such a
+step as one kernel launch when every member compiles to one pointwise kernel, since a
+short kernel alone loses much of its time to ramp-up and tail. A value passed between
+segments is allocated by its producer and freed right after the last segment that reads
+it, unless the region returns it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,29 @@ from thunder_fuser.ir.region import Region
 class Schedule:
     order: list  # segments
     free_after: dict[int, list]  # segment index -> values whose last reader it is
+    steps: list = None  # lists of segments, in order: a list of several may share one launch
+
+
+_SHARES_LAUNCH = ("pointwise", "resize")
+
+
+def launch_steps(segments: list) -> list[list]:
+    """Segments in order, consecutive independent pointwise/resize segments without in-place
+    writes grouped into one step."""
+    steps: list[list] = []
+    for seg in segments:
+        group = steps[-1] if steps else None
+        if group and _may_share(seg) and all(_may_share(s) for s in group):
+            made = {id(o) for s in group for o in s.outputs}
+            if not any(id(v) in made for v in seg.inputs):
+                group.append(seg)
+                continue
+        steps.append([seg])
+    return steps
+
+
+def _may_share(seg) -> bool:
+    return seg.kind in _SHARES_LAUNCH and not any(n.op in ("copy_to_out_", "copy_") for n in seg.nodes)
 
 
 def schedule_segments(region: Region, segments: list) -> Schedule:
@@ -30,4 +57,4 @@ def schedule_segments(region: Region, segments: list) -> Schedule:
     free_after: dict[int, list] = {}
     for vid, idx in last_use.items():
         free_after.setdefault(idx, []).append(values[vid])
-    return Schedule(list(segments), free_after)
+    return Schedule(list(segments), free_after, launch_steps(segments))
