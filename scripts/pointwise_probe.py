@@ -1,6 +1,7 @@
 """Pointwise kernels at several block sizes and rows per thread along a broadcast mode, on the
 large bandwidth-bound workloads (dev aid; run on the GPU machine): TB/s of thunder+fuser and
-of torch.compile, beside the copy."""
+of torch.compile, beside the copy. Arguments: workload names ('; '-separated) and
+configurations ('threads,rows;...')."""
 import os
 import sys
 import tempfile
@@ -31,7 +32,9 @@ def main():
         n = nbytes(c, args, c.fn(*args))
         ms, _ = device_ms(torch.compile(c.fn), [args])
         rows[c.name] = [f"compile {n / ms / 1e9:.2f}"]
-    for threads, reuse in ((128, 1), (128, 2), (128, 4), (128, 8), (256, 4)):
+    configs = [tuple(map(int, c.split(","))) for c in sys.argv[2].split(";")] if len(sys.argv) > 2 else [
+        (128, 1), (128, 2), (128, 4), (128, 8), (256, 4)]
+    for threads, reuse in configs:
         cute_emit.POINTWISE_THREADS, geometry.REUSE_ROWS = threads, reuse
         os.environ["THUNDER_FUSER_CACHE"] = tempfile.mkdtemp()
         cache.clear_memory()
