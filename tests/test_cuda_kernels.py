@@ -146,7 +146,7 @@ def test_resize_rotate_half_and_rope(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("c_shape", [(7, 64), (5, 1, 64), (3, 1, 7, 64), (3, 5, 7, 1)])
 def test_broadcast_operand_read_once_for_several_rows(dtype, c_shape):
-    """A thread walks 4 rows along the mode where ``c`` is broadcast (outermost, innermost
+    """A thread walks 2 rows along the mode where ``c`` is broadcast (outermost, innermost
     or middle outer mode, or the vector dim); 15, 7, 5 and 3 rows leave a partial group."""
     run_without_fallback(lambda x, c: x * c + 1, _randn(3, 5, 7, 64, dtype=dtype), _randn(*c_shape, dtype=dtype))
 

@@ -173,7 +173,7 @@ FAMILIES = {
     "normalization, rows of one warp (softmax fp32, 128 wide)": (softmax, lambda: (_r(37, 128),)),
     "normalization (softmax)": (softmax, lambda: (_r(37, 1000),)),
     "normalization (layernorm, block reduction)": (layernorm, lambda: (_r(8, 4096), _r(4096), _r(4096))),
-    "pointwise, broadcast operands read once for 4 rows (RoPE's cos and sin)": (rope, lambda: (
+    "pointwise, broadcast operands read once for 2 rows (RoPE's cos and sin)": (rope, lambda: (
         _r(2, 32, 64, 128, dtype=torch.bfloat16), _r(2, 8, 64, 128, dtype=torch.bfloat16),
         _r(64, 128, dtype=torch.bfloat16), _r(64, 128, dtype=torch.bfloat16))),
     "resize (rotate-half + residual)": (rotate_half_residual, lambda: (_r(2, 4, 33, 128, dtype=torch.bfloat16),)),
@@ -238,8 +238,8 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, tmp_path, monkeypatch)
     assert ".target sm_90a" in ptx
     if name.startswith("pointwise bf16"):
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx  # 128-bit accesses
-    if name.startswith("pointwise, broadcast"):  # per row: q, two rotate-half pieces, and a quarter of cos and sin
-        assert ptx.count("ld.global.v4") < 4 * ptx.count("st.global.v4"), ptx.count("ld.global.v4")
+    if name.startswith("pointwise, broadcast"):  # per row: q, two rotate-half pieces, and half of cos and sin
+        assert ptx.count("ld.global.v4") < 5 * ptx.count("st.global.v4"), ptx.count("ld.global.v4")
     assert list((tmp_path / "cache").rglob("*.o")), "the compiled kernel is exported to the disk cache"
 
 

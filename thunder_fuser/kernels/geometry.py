@@ -28,7 +28,8 @@ from thunder_fuser.kernels.expr import Load, Program, Unsupported
 MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
 ROW_THREADS = (32, 64, 128, 256, 512, 1024)
 MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value
-REUSE_ROWS = 4  # rows a pointwise thread walks along a broadcast mode (scripts/pointwise_probe.py)
+REUSE_ROWS = 2  # rows a pointwise thread walks along a broadcast mode: 2 measured 3-6% above 1 and 4
+#                (RoPE, gelu + bias; scripts/pointwise_probe.py, H100)
 COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
 
 
