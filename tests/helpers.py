@@ -148,3 +148,9 @@ def check_batch_norm_backward(device: str, shape, atol=1e-4):
 
     x = torch.randn(*shape, device=device).to(memory_format=torch.channels_last)
     check_gradients(bn, x, [torch.randn(shape[1], device=device) for _ in range(2)], atol, require_kernels=True)
+
+
+def three_shapes(a, x, bias, p, q):
+    """Three independent segments: a ragged 1-D tail, a bias read once for 2 rows, a cat along
+    the outer dim (pieces picked per row)."""
+    return torch.exp(a) * 2, torch.nn.functional.gelu(x + bias, approximate="tanh"), torch.cat((p, q * 2), 0) + 1

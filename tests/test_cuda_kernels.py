@@ -12,7 +12,9 @@ import thunder
 import torch
 
 from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
-from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager, check_vs_float64, plans
+from helpers import (
+    check_batch_norm_backward, check_layernorm_backward, check_vs_eager, check_vs_float64, plans, three_shapes,
+)
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
@@ -149,6 +151,16 @@ def test_broadcast_operand_read_once_for_several_rows(dtype, c_shape):
     """A thread walks 2 rows along the mode where ``c`` is broadcast (outermost, innermost
     or middle outer mode, or the vector dim); 15, 7, 5 and 3 rows leave a partial group."""
     run_without_fallback(lambda x, c: x * c + 1, _randn(3, 5, 7, 64, dtype=dtype), _randn(*c_shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_independent_segments_of_three_shapes_share_one_launch(dtype):
+    """A ragged 1-D tail, a bias read once for 2 rows and an outer-dim cat, one launch."""
+    args = (_randn(4097, dtype=dtype), _randn(33, 256, dtype=dtype), _randn(256, dtype=dtype),
+            _randn(5, 4097, dtype=dtype), _randn(3, 4097, dtype=dtype))
+    jfn, _ = run_without_fallback(three_shapes, *args)
+    (plan,) = plans(thunder.last_traces(jfn)[-1])
+    assert len(plan.groups[0].parts) == 3 and plan.groups[0].fn is not None, plan.apart
 
 
 def test_slice_cat_pad_innermost():

@@ -14,7 +14,7 @@ import torch
 from benchmarks.workloads import (
     GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
-from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager, plans
+from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager, plans, three_shapes
 from thunder_fuser import explain, fuser_ex
 from thunder_fuser.kernels import backend, segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
@@ -257,23 +257,33 @@ def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(tm
     assert "tanh.approx" not in ptx(torch.tanh, _r(64, 256))
 
 
-def test_independent_segments_share_one_launch(tmp_path, monkeypatch):
-    """RoPE's q and k segments become one kernel (one PTX entry) whose blocks pick their
+GROUPS = {
+    "RoPE's q and k": (rope, lambda dt: (_r(1, 32, 64, 128, dtype=dt), _r(1, 8, 64, 128, dtype=dt),
+                                         _r(64, 128, dtype=dt), _r(64, 128, dtype=dt))),
+    "three shapes and templates": (three_shapes, lambda dt: (_r(4097, dtype=dt), _r(33, 256, dtype=dt), _r(256, dtype=dt),
+                                                              _r(5, 4097, dtype=dt), _r(3, 4097, dtype=dt))),
+}
+
+
+@pytest.mark.parametrize("name", GROUPS)
+def test_independent_segments_share_one_launch(name, tmp_path, monkeypatch):
+    """Independent segments become one kernel (one PTX entry) whose blocks pick their
     program; on the torch backend the same group runs each program and matches eager."""
     pytest.importorskip("cutlass")
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
     monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
-    q, k = _r(1, 32, 64, 128, dtype=torch.bfloat16), _r(1, 8, 64, 128, dtype=torch.bfloat16)
-    jfn, _ = check_vs_eager(rope, q, k, _r(64, 128, dtype=torch.bfloat16), _r(64, 128, dtype=torch.bfloat16))
+    fn, make = GROUPS[name]
+    jfn, _ = check_vs_eager(fn, *make(torch.bfloat16))
     (plan,) = _plans(jfn)
     assert list(plan.groups) == [0] and plan.apart == {}
     group = plan.groups[0]
+    assert len(group.parts) == len(plan.segments)
     ptx = segment_kernel.compile_group(group.parts, None).artifacts.PTX
     assert ptx.count(".entry") == 1
-    one = sum(segment_kernel.compile_program(p.prog, p.geo, None).artifacts.PTX.count("st.global.v4") for p in group.parts)
-    assert ptx.count("st.global.v4") == one  # both programs' stores, in one kernel
+    one = sum(segment_kernel.compile_program(p.prog, p.geo, None).artifacts.PTX.count("st.global") for p in group.parts)
+    assert ptx.count("st.global") == one  # every program's stores, in one kernel
 
 
 def test_a_group_that_cannot_share_a_launch_runs_apart_and_explain_says_why(torch_kernels, monkeypatch):
