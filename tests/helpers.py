@@ -18,7 +18,24 @@ def clone_tensor(a: torch.Tensor) -> torch.Tensor:
 
 
 def clone_args(args):
-    return [clone_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+    """Tensors cloned, inside lists and tuples too (an optimizer step takes lists of them)."""
+    return [_clone_tree(a) for a in args]
+
+
+def _clone_tree(a):
+    if isinstance(a, torch.Tensor):
+        return clone_tensor(a)
+    if isinstance(a, (list, tuple)):
+        return type(a)(_clone_tree(x) for x in a)
+    return a
+
+
+def _tensors(a) -> list:
+    if isinstance(a, torch.Tensor):
+        return [a]
+    if isinstance(a, (list, tuple)):
+        return [t for x in a for t in _tensors(x)]
+    return []
 
 
 def tol(dtype):
@@ -34,9 +51,8 @@ def _run_beside_eager(fn, args, executors=None, **kwargs):
     ours, theirs = clone_args(args), clone_args(args)
     got = jfn(*ours, **kwargs)
     expected = fn(*theirs, **kwargs)
-    for a, b in zip(ours, theirs):
-        if isinstance(a, torch.Tensor):
-            torch.testing.assert_close(a, b, equal_nan=True, **_tol_of(b))
+    for a, b in zip(_tensors(ours), _tensors(theirs)):
+        torch.testing.assert_close(a, b, equal_nan=True, **_tol_of(b))
     return jfn, got, expected
 
 

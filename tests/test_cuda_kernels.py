@@ -50,6 +50,13 @@ def test_pointwise_with_broadcast_bias(dtype, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [4097, 4103, 9])
+def test_pointwise_ragged_1d_tail(dtype, n):
+    """1-D, so the last vector is partial and moves element by element."""
+    run_without_fallback(lambda a, b: torch.exp(a) * 2 + b, _randn(n, dtype=dtype), _randn(n, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_pointwise_input_whose_fastest_dim_differs_and_casts(dtype):
     def f(a, b, c):
         return (a.float() * b + torch.exp(c)).to(dtype), (a > 0).to(torch.float32) * c

@@ -223,18 +223,18 @@ def _move_if_full(frag: cute.Tensor, tile: cute.Tensor, t2: cute.Tensor, m, n0, 
                   width: cutlass.Constexpr, store: cutlass.Constexpr):
     """One vector access where the whole vector is inside ``limit``, else element by
     element (the ragged tail); ``store`` picks the direction."""
-    if pred and n0 + width <= limit:
+    full = pred & (n0 + width <= limit)
+    if full:
         if cutlass.const_expr(store):
             cute.autovec_copy(frag, tile)
         else:
             cute.autovec_copy(tile, frag)
-    else:
-        for k in cutlass.range_constexpr(width):
-            if pred and n0 + k < limit:
-                if cutlass.const_expr(store):
-                    t2[(m, n0 + k)] = frag[k]
-                else:
-                    frag[k] = t2[(m, n0 + k)]
+    for k in cutlass.range_constexpr(width):
+        if (not full) & pred & (n0 + k < limit):
+            if cutlass.const_expr(store):
+                t2[(m, n0 + k)] = frag[k]
+            else:
+                frag[k] = t2[(m, n0 + k)]
 
 
 @cute.jit
