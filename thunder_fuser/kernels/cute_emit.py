@@ -222,7 +222,9 @@ def _scatter_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.
 def _move_if_full(frag: cute.Tensor, tile: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean,
                   width: cutlass.Constexpr, store: cutlass.Constexpr):
     """One vector access where the whole vector is inside ``limit``, else element by
-    element (the ragged tail); ``store`` picks the direction."""
+    element (the ragged tail); ``store`` picks the direction. Two predicated blocks, not
+    if/else: CuTe DSL 4.8 compiled this element loop under an ``else`` to nothing (no scalar
+    access in the PTX; tests/test_kernels.py's "pointwise ragged 1-D" family checks them)."""
     full = pred & (n0 + width <= limit)
     if full:
         if cutlass.const_expr(store):
