@@ -166,6 +166,22 @@ def check_batch_norm_backward(device: str, shape, atol=1e-4):
     check_gradients(bn, x, [torch.randn(shape[1], device=device) for _ in range(2)], atol, require_kernels=True)
 
 
+def check_a_misaligned_call_runs_a_shared_launch_apart(make) -> None:
+    """RoPE's q and k share a launch; a later call whose q is one element off the vector
+    alignment (same strides, so the same plan) runs them one by one, q on the reference
+    backend, and matches eager; the group stays for aligned calls."""
+    from benchmarks.workloads import rope
+
+    q, k, cos, sin = make(1, 4, 8, 16), make(1, 2, 8, 16), make(8, 16), make(8, 16)
+    jfn = thunder.jit(rope, executors=[fuser_ex])
+    torch.testing.assert_close(jfn(q, k, cos, sin), rope(q, k, cos, sin))
+    q_off = make(q.numel() + 1)[1:].view(q.shape)
+    torch.testing.assert_close(jfn(q_off, k, cos, sin), rope(q_off, k, cos, sin))
+    (plan,) = plans(thunder.last_traces(jfn)[-1])
+    assert plan.groups[0] is not None
+    torch.testing.assert_close(jfn(q, k, cos, sin), rope(q, k, cos, sin))
+
+
 def three_shapes(a, x, bias, p, q):
     """Three independent segments: a ragged 1-D tail, a bias read once for 2 rows, a cat along
     the outer dim (pieces picked per row)."""

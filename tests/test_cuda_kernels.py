@@ -13,7 +13,8 @@ import torch
 
 from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
 from helpers import (
-    check_batch_norm_backward, check_layernorm_backward, check_vs_eager, check_vs_float64, plans, three_shapes,
+    check_a_misaligned_call_runs_a_shared_launch_apart, check_batch_norm_backward, check_layernorm_backward,
+    check_vs_eager, check_vs_float64, plans, three_shapes,
 )
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import segment_kernel
@@ -150,6 +151,7 @@ def test_resize_rotate_half_and_rope(dtype):
     jfn, _ = run_without_fallback(rope, q, k, _randn(64, 128, dtype=dtype), _randn(64, 128, dtype=dtype))
     (plan,) = plans(thunder.last_traces(jfn)[-1])
     assert plan.groups[0] is not None and plan.groups[0].fn is not None, plan.apart  # q and k: one launch
+    assert all(p.fn is None for p in plan.groups[0].parts)  # their own launches are never compiled
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -168,6 +170,11 @@ def test_independent_segments_of_three_shapes_share_one_launch(dtype):
     jfn, _ = run_without_fallback(three_shapes, *args)
     (plan,) = plans(thunder.last_traces(jfn)[-1])
     assert len(plan.groups[0].parts) == 3 and plan.groups[0].fn is not None, plan.apart
+
+
+def test_a_misaligned_call_runs_a_shared_launch_apart():
+    """The members' own kernels are compiled on demand for that call (a group member's are not at first)."""
+    check_a_misaligned_call_runs_a_shared_launch_apart(_randn)
 
 
 def test_slice_cat_pad_innermost():

@@ -14,7 +14,10 @@ import torch
 from benchmarks.workloads import (
     GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
-from helpers import check_batch_norm_backward, check_layernorm_backward, check_vs_eager, plans, three_shapes
+from helpers import (
+    check_a_misaligned_call_runs_a_shared_launch_apart, check_batch_norm_backward, check_layernorm_backward, check_vs_eager,
+    plans, three_shapes,
+)
 from thunder_fuser import explain, fuser_ex
 from thunder_fuser.kernels import backend, segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
@@ -286,6 +289,10 @@ def test_independent_segments_share_one_launch(name, tmp_path, monkeypatch):
     assert ptx.count(".entry") == 1
     one = sum(segment_kernel.compile_program(p.prog, p.geo, None).artifacts.PTX.count("st.global") for p in group.parts)
     assert ptx.count("st.global") == one  # every program's stores, in one kernel
+
+
+def test_a_misaligned_call_runs_a_shared_launch_apart(torch_kernels):
+    check_a_misaligned_call_runs_a_shared_launch_apart(_r)
 
 
 def test_a_group_that_cannot_share_a_launch_runs_apart_and_explain_says_why(torch_kernels, monkeypatch):

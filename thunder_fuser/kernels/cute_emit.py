@@ -330,20 +330,15 @@ def _mode_extent(t2: cute.Tensor, rank: int, r: int):
 
 
 def _with_entry(coord, r: int, value):
-    return tuple(value if i == r else c for i, c in enumerate(coord)) if isinstance(coord, tuple) else value
+    """``coord`` with entry ``r`` replaced (-1: the outermost, an outer select's piece row)."""
+    if not isinstance(coord, tuple):
+        return value
+    r %= len(coord)
+    return tuple(value if i == r else c for i, c in enumerate(coord))
 
 
 def _entry(coord, r: int):
     return coord[r] if isinstance(coord, tuple) else coord
-
-
-def _with_outermost(coord, value):
-    """``coord`` with its outermost (last) entry replaced: a piece's row of an outer select."""
-    return tuple(coord[:-1]) + (value,) if isinstance(coord, tuple) else value
-
-
-def _outermost(coord):
-    return coord[-1] if isinstance(coord, tuple) else coord
 
 
 def fake_operands(geo: Geometry):
@@ -465,7 +460,7 @@ def _pointwise_pieces(prog: Program, geo: Geometry):
         the reuse mode comes from (and goes to) ``shared``, common to the thread's rows."""
         n0 = j * V
         loaded = {}
-        at = _outermost(m) if outer_select else n0  # the position along the select dim
+        at = _entry(m, -1) if outer_select else n0  # the position along the select dim
 
         def load(ld: Load):
             slot = geo.load_slot[id(ld)]
@@ -477,7 +472,7 @@ def _pointwise_pieces(prog: Program, geo: Geometry):
             if shift is not None and outer_select:
                 ext = o.shape[piece_axis]
                 pred = row_ok & (at >= shift) & (at < shift + ext)
-                val = _load_vector(o, t2s[slot], tvs[slot], _with_outermost(m, at - shift), j, V, N, pred, geo.tail)
+                val = _load_vector(o, t2s[slot], tvs[slot], _with_entry(m, -1, at - shift), j, V, N, pred, geo.tail)
             elif shift is not None:  # pieces start at multiples of V (geometry's vector fit)
                 ext = o.shape[-1]
                 pred = row_ok & (n0 >= shift) & (n0 < shift + ext)

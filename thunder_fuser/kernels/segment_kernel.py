@@ -51,7 +51,9 @@ class SegmentKernel:
         self.orders = orders
         self.write_outs: list = []  # (node output value, dst value) pairs
 
-    def prepare(self, env, device) -> None:
+    def prepare(self, env, device, compile_now: bool = True) -> None:
+        """Lower, lay out and (unless ``compile_now`` is False: a member of a shared launch,
+        see ``compile``) compile every part."""
         writes = [n for n in self.seg.nodes if n.op in ("copy_to_out_", "copy_")]
         written = {id(n.written) for n in writes}
         self.write_outs = [(n.output, n.written) for n in writes]
@@ -66,6 +68,17 @@ class SegmentKernel:
                 pending[:0] = [_Part(p) for p in split_at_reductions(part.prog)]
                 continue
             self.parts.append(part)
+        if compile_now:
+            self.compile()
+
+    def compile(self) -> None:
+        """Each part's kernel (CuTe mode), once. A member of a shared launch compiles its own
+        only if it must launch alone: the group failed to build, or a call's pointers broke
+        the vector alignment of another member."""
+        if self.mode == "cute":
+            for part in self.parts:
+                if part.fn is None:
+                    part.fn = compile_program(part.prog, part.geo, self.device)
 
     def _prepare_part(self, part: _Part, env, written: set, device) -> None:
         part.allocs = []
@@ -94,8 +107,6 @@ class SegmentKernel:
             splits, part.rows_per_split = column_splits(geo, _sm_count(device))
             states = column_state_offsets(reductions_in_order(part.prog))[-1]
             part.workspace = (splits, max(1, states) * geo.n)
-        if self.mode == "cute":
-            part.fn = compile_program(part.prog, geo, device)
         for st, t in zip(part.prog.stores, stores):
             env[id(st.target)] = t
 

@@ -82,33 +82,64 @@ class Plan:
     groups: dict = field(default_factory=dict)  # first segment index of a step -> LaunchGroup, or None
     apart: dict = field(default_factory=dict)  # first segment index of a step -> why it launches apart
 
-    def _kernel_for(self, seg: Segment, env):
+    def _kernel_for(self, seg: Segment, env, compile_now: bool = True):
         """Build the segment's kernel at the plan's first call, when every tensor it reads
         exists; a segment no template can run is recorded as ``reference``."""
         k = None
         mode = kernel_mode(env, self.region)
         if mode is not None and seg.kind in KERNEL_KINDS:
-            try:
-                k = SegmentKernel(seg, self.orders, mode)
-                k.prepare(env, _device_of(env, self.region))
-            except Exception as e:  # noqa: BLE001 - any failure must fall back, never fail the call
-                k = None
-                self.kinds[seg.index] = "reference"
-                reason = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {str(e)[:300]}"
-                if mode == "cute":
-                    warn_fallback(self.region.name, seg, reason)
+            k = self._or_reference(seg, mode, lambda: self._prepared(seg, mode, env, compile_now))
         self.kernels[seg.index] = k
         return k
 
+    def _prepared(self, seg: Segment, mode: str, env, compile_now: bool) -> SegmentKernel:
+        k = SegmentKernel(seg, self.orders, mode)
+        k.prepare(env, _device_of(env, self.region), compile_now)
+        return k
+
+    def _or_reference(self, seg: Segment, mode: str, build):
+        """``build()``; on any failure None, with the segment recorded as ``reference`` and
+        one warning (never a failed call)."""
+        try:
+            return build()
+        except Exception as e:  # noqa: BLE001 - any failure must fall back, never fail the call
+            self.kinds[seg.index] = "reference"
+            self.kernels[seg.index] = None
+            reason = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {str(e)[:300]}"
+            if mode == "cute":
+                warn_fallback(self.region.name, seg, reason)
+            return None
+
     def _group_for(self, step: list, env):
         """At the plan's first call: the members' kernels (each reads only what earlier steps
-        made, so all can be built now) as one launch, or None (the reason kept for explain)."""
-        ks = [self.kernels[s.index] if s.index in self.kernels else self._kernel_for(s, env) for s in step]
+        made, so all can be built now, their own launches not compiled yet) as one launch, or
+        None (the reason kept for explain)."""
+        ks = [self.kernels[s.index] if s.index in self.kernels else self._kernel_for(s, env, False) for s in step]
         g, why = launch_group(ks)
         self.groups[step[0].index] = g
         if g is None:
             self.apart[step[0].index] = why
+            self._compile_alone(step)
         return g
+
+    def _run_group(self, step: list, env) -> bool:
+        """Run a step of several segments as one launch; False when they must run one by one."""
+        g = self.groups.get(step[0].index, _UNSET)
+        if g is _UNSET:
+            g = self._group_for(step, env)
+        if g is None:
+            return False
+        if g.run(env):
+            return True
+        self._compile_alone(step)  # a call whose pointers break a member's vector alignment
+        return False
+
+    def _compile_alone(self, step: list) -> None:
+        """The members' own kernels, for launching one by one (compiled once)."""
+        for seg in step:
+            k = self.kernels.get(seg.index)
+            if k is not None:
+                self._or_reference(seg, k.mode, k.compile)
 
     def run(self, args):
         if self.error is not None:
@@ -126,21 +157,14 @@ class Plan:
         kernels = self.kernels
         free_after = self.schedule.free_after
         for step in self.schedule.steps:
-            if len(step) > 1:
-                g = self.groups.get(step[0].index, _UNSET)
-                if g is _UNSET:
-                    g = self._group_for(step, env)
-                if g is not None and g.run(env):
-                    for seg in step:
-                        for v in free_after.get(seg.index, ()):
-                            env.pop(id(v), None)
-                    continue
+            if len(step) == 1 or not self._run_group(step, env):
+                for seg in step:
+                    k = kernels.get(seg.index, _UNSET)
+                    if k is _UNSET:
+                        k = self._kernel_for(seg, env)
+                    if k is None or not k.run(env):
+                        reference.run_nodes(seg.nodes, env)
             for seg in step:
-                k = kernels.get(seg.index, _UNSET)
-                if k is _UNSET:
-                    k = self._kernel_for(seg, env)
-                if k is None or not k.run(env):
-                    reference.run_nodes(seg.nodes, env)
                 for v in free_after.get(seg.index, ()):
                     env.pop(id(v), None)
         results = []
