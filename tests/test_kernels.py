@@ -168,6 +168,12 @@ def _planned_parts(fn, args):
     return [p for kind, k in _kernels(jfn) if k is not None for p in k.parts]
 
 
+def _rope_args(batch, dtype):
+    """q, k (32 and 8 heads of 64 positions), cos, sin."""
+    return (_r(batch, 32, 64, 128, dtype=dtype), _r(batch, 8, 64, 128, dtype=dtype),
+            _r(64, 128, dtype=dtype), _r(64, 128, dtype=dtype))
+
+
 FAMILIES = {
     "pointwise bf16 with broadcast": (gelu_bias, lambda: (_r(33, 4096, dtype=torch.bfloat16), _r(4096, dtype=torch.bfloat16))),
     "pointwise ragged 1-D": (lambda a: torch.exp(a) * 2, lambda: (_r(4097),)),
@@ -176,9 +182,7 @@ FAMILIES = {
     "normalization, rows of one warp (softmax fp32, 128 wide)": (softmax, lambda: (_r(37, 128),)),
     "normalization (softmax)": (softmax, lambda: (_r(37, 1000),)),
     "normalization (layernorm, block reduction)": (layernorm, lambda: (_r(8, 4096), _r(4096), _r(4096))),
-    "pointwise, broadcast operands read once for 2 rows (RoPE's cos and sin)": (rope, lambda: (
-        _r(2, 32, 64, 128, dtype=torch.bfloat16), _r(2, 8, 64, 128, dtype=torch.bfloat16),
-        _r(64, 128, dtype=torch.bfloat16), _r(64, 128, dtype=torch.bfloat16))),
+    "pointwise, broadcast operands read once for 2 rows (RoPE's cos and sin)": (rope, lambda: _rope_args(2, torch.bfloat16)),
     "resize (rotate-half + residual)": (rotate_half_residual, lambda: (_r(2, 4, 33, 128, dtype=torch.bfloat16),)),
     "copy_to_out_ (in-place Adam)": (adam_step, lambda: tuple([_r(4096)] for _ in range(4))),
     "column reduction (#785 bias gradient)": (
@@ -263,8 +267,7 @@ def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(tm
 
 
 GROUPS = {
-    "RoPE's q and k": (rope, lambda dt: (_r(1, 32, 64, 128, dtype=dt), _r(1, 8, 64, 128, dtype=dt),
-                                         _r(64, 128, dtype=dt), _r(64, 128, dtype=dt))),
+    "RoPE's q and k": (rope, lambda dt: _rope_args(1, dt)),
     "three shapes and templates": (three_shapes, lambda dt: (_r(4097, dtype=dt), _r(33, 256, dtype=dt), _r(256, dtype=dt),
                                                               _r(5, 4097, dtype=dt), _r(3, 4097, dtype=dt))),
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from thunder_fuser.ir.ops import WRITE
 from thunder_fuser.ir.region import Region
 
 
@@ -42,7 +43,7 @@ def launch_steps(segments: list) -> list[list]:
 
 
 def _may_share(seg) -> bool:
-    return seg.kind in _SHARES_LAUNCH and not any(n.op in ("copy_to_out_", "copy_") for n in seg.nodes)
+    return seg.kind in _SHARES_LAUNCH and not any(n.op in WRITE for n in seg.nodes)
 
 
 def schedule_segments(region: Region, segments: list) -> Schedule:
