@@ -65,26 +65,33 @@ def check_vs_eager(fn, *args, executors=None, **kwargs):
 
 def check_vs_float64(fn, *args):
     """For long reductions, where the order of summation alone moves an fp32 result by more
-    than the default tolerance: each output of ours must be at most twice as far from a
-    float64 evaluation as eager's is, plus the dtype's tolerance and 4 ulps of the largest
-    exact result (a sum of 131k fp32 values near 360 has an ulp of 3e-5, above the fp32
-    tolerance: eager's error there was 1.5 ulps and ours 3.5 in one H100 run), with the
-    same shape, dtype and NaN pattern, and inputs must end as eager leaves them."""
+    than the default tolerance: each output must pass ``assert_as_near_float64`` (a sum of
+    131k fp32 values near 360 has an ulp of 3e-5, above the fp32 tolerance: eager's error
+    there was 1.5 ulps and ours 3.5 in one H100 run), and inputs must end as eager leaves them."""
     jfn, got, expected = _run_beside_eager(fn, args)
     got, expected = _as_list(got), _as_list(expected)
     wide = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
     exact = _as_list(fn(*wide))
     assert len(got) == len(expected) == len(exact)
     for i, (g, e, x) in enumerate(zip(got, expected, exact)):
-        assert (g.shape, g.dtype) == (e.shape, e.dtype), (i, g.shape, g.dtype, e.shape, e.dtype)
-        assert torch.equal(g.isnan(), e.isnan()), f"output {i}: NaN where eager has none, or the reverse"
-        ok = ~x.isnan()
-        err_ours = (g.double() - x)[ok].abs().max().item() if ok.any() else 0.0
-        err_eager = (e.double() - x)[ok].abs().max().item() if ok.any() else 0.0
-        ulps = 4 * torch.finfo(e.dtype).eps * (x[ok].abs().max().item() if ok.any() else 0.0)
-        bound = 2 * err_eager + tol(e.dtype)["atol"] + ulps
-        assert err_ours <= bound, f"output {i}: {err_ours:.3g} from float64, eager {err_eager:.3g}"
+        assert_as_near_float64(g, e, x, f"output {i}")
     return jfn, got
+
+
+def assert_as_near_float64(got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor, what: str) -> None:
+    """``got`` is at most twice as far from the float64 result ``exact`` as ``eager`` is, plus
+    the dtype's tolerance and 4 ulps of the largest exact value, with eager's shape, dtype and
+    NaN pattern. Two low-precision results can each sit a few ulps from the truth on opposite
+    sides (bf16 layernorm's weight gradient: 3 ulps apart in one CI run, as thunder's own
+    executors are); comparing them with each other fails where both are right."""
+    assert (got.shape, got.dtype) == (eager.shape, eager.dtype), (what, got.shape, got.dtype, eager.shape, eager.dtype)
+    assert torch.equal(got.isnan(), eager.isnan()), f"{what}: NaN where eager has none, or the reverse"
+    ok = ~exact.isnan()
+    err_ours = (got.double() - exact)[ok].abs().max().item() if ok.any() else 0.0
+    err_eager = (eager.double() - exact)[ok].abs().max().item() if ok.any() else 0.0
+    ulps = 4 * torch.finfo(eager.dtype).eps * (exact[ok].abs().max().item() if ok.any() else 0.0)
+    bound = 2 * err_eager + tol(eager.dtype)["atol"] + ulps
+    assert err_ours <= bound, f"{what}: {err_ours:.3g} from float64, eager {err_eager:.3g}"
 
 
 def _as_list(x):
