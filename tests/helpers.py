@@ -193,3 +193,18 @@ def three_shapes(a, x, bias, p, q):
     """Three independent segments: a ragged 1-D tail, a bias read once for 2 rows, a cat along
     the outer dim (pieces picked per row)."""
     return torch.exp(a) * 2, torch.nn.functional.gelu(x + bias, approximate="tanh"), torch.cat((p, q * 2), 0) + 1
+
+
+def _pad(x, widths, value=0.0):
+    return torch.nn.functional.pad(x, widths, value=value)
+
+
+# cat/pad whose pieces are shifted along two dims, or twice along one: name -> (fn, input shapes)
+TWO_LEVEL_RESIZES = {
+    "pad of H and W (NCHW)": (lambda x: _pad(x * 2, (8, 8, 2, 3), 1.5), [(2, 3, 5, 64)]),
+    "pad of two dims, ragged": (lambda x: _pad(x * 2, (1, 1, 2, 2)), [(64, 33)]),
+    "pad of a cat": (lambda x, y: _pad(torch.cat((x, y * 2), -1), (8, 8), -1.0), [(3, 64), (3, 128)]),
+    "pad of an outer cat": (lambda x, y: _pad(torch.cat((x, y.exp()), 0), (0, 0, 1, 2)), [(3, 64), (2, 64)]),
+    "outer cat of pads": (lambda x, y: torch.cat((_pad(x, (8, 8)), y), 0), [(3, 64), (2, 80)]),
+    "one tensor as two pieces": (lambda x: (torch.cat((x, x), -1) + 1, torch.cat((x, x), 0) * 2), [(3, 64)]),
+}

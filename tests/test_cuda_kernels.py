@@ -14,7 +14,7 @@ import torch
 from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
 from helpers import (
     check_a_misaligned_call_runs_a_shared_launch_apart, check_batch_norm_backward, check_layernorm_backward,
-    check_vs_eager, check_vs_float64, plans, three_shapes,
+    check_vs_eager, check_vs_float64, plans, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import segment_kernel
@@ -196,6 +196,14 @@ def test_cat_and_pad_along_outer_dims(dtype):
     run_without_fallback(lambda a, b: torch.cat((a, b), 0) + 1, _randn(5, 4097, dtype=dtype), _randn(3, 4097, dtype=dtype))
     # the output's fastest dim is dim 0 (inputs transposed): dim 1 is an outer dim
     run_without_fallback(lambda a, b: torch.cat((a, b), 1) + 1, _randn(40, 64, dtype=dtype).t(), _randn(24, 64, dtype=dtype).t())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", TWO_LEVEL_RESIZES)
+def test_pieces_shifted_along_two_dims_or_twice_along_one(name, dtype):
+    """Pad of H and W, pad of a cat, cat of pads, one tensor as two pieces."""
+    fn, shapes = TWO_LEVEL_RESIZES[name]
+    run_without_fallback(fn, *[_randn(*s, dtype=dtype) for s in shapes])
 
 
 def test_copy_to_out_writes_in_place():

@@ -16,7 +16,7 @@ from benchmarks.workloads import (
 )
 from helpers import (
     check_a_misaligned_call_runs_a_shared_launch_apart, check_batch_norm_backward, check_layernorm_backward, check_vs_eager,
-    plans, three_shapes,
+    plans, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import explain, fuser_ex
 from thunder_fuser.kernels import backend, segment_kernel
@@ -150,9 +150,19 @@ def test_empty_tensors_run_on_the_reference_backend(torch_kernels):
     assert {kind for kind, _ in _kernels(jfn)} == {"reference"}
 
 
+@pytest.mark.parametrize("name", TWO_LEVEL_RESIZES)
+def test_pieces_shifted_along_two_dims_or_twice_along_one(torch_kernels, name):
+    """A pad of two dims (one select per dim, nested), a pad of a cat, a cat of pads, and
+    one tensor read as two pieces: each runs as one lowered program and matches eager."""
+    fn, args = _two_level(name)
+    jfn, _ = check_vs_eager(fn, *args())
+    assert [kind for kind, _ in _kernels(jfn)] == ["resize"] and all(k for _, k in _kernels(jfn))
+
+
 def test_unsupported_segment_reason(torch_kernels):
-    """A pad of two dims has no template: the segment runs on the reference backend."""
-    jfn, _ = check_vs_eager(lambda x: torch.nn.functional.pad(x * 2, (1, 1, 2, 2)), _r(64, 33))
+    """A pad of two dims neither of which is the fastest in memory has no template: the
+    segment runs on the reference backend."""
+    jfn, _ = check_vs_eager(lambda x: torch.nn.functional.pad(x * 2, (0, 0, 1, 1, 2, 2)), _r(6, 5, 33))
     assert ("reference", None) in _kernels(jfn)
 
 
@@ -172,6 +182,12 @@ def _rope_args(batch, dtype):
     """q, k (32 and 8 heads of 64 positions), cos, sin."""
     return (_r(batch, 32, 64, 128, dtype=dtype), _r(batch, 8, 64, 128, dtype=dtype),
             _r(64, 128, dtype=dtype), _r(64, 128, dtype=dtype))
+
+
+def _two_level(name: str):
+    """(fn, make) of one of ``TWO_LEVEL_RESIZES``."""
+    fn, shapes = TWO_LEVEL_RESIZES[name]
+    return fn, lambda: [_r(*s) for s in shapes]
 
 
 FAMILIES = {
@@ -199,6 +215,8 @@ FAMILIES = {
         lambda: (_r(8, 16, 10, 10, dtype=torch.bfloat16).to(memory_format=torch.channels_last),
                  _r(16, dtype=torch.bfloat16), _r(16, dtype=torch.bfloat16)),
     ),
+    "resize, pad of H and W (a select along an outer dim and one along the vector dim)": _two_level("pad of H and W (NCHW)"),
+    "resize, pad of a cat (nested selects along one dim)": _two_level("pad of a cat"),
     "resize along an outer dim (cat, bf16)": (
         lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))
     ),
@@ -247,6 +265,8 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, tmp_path, monkeypatch)
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx  # 128-bit accesses
     if name == "pointwise ragged 1-D":  # the tail vector element by element: 4 scalar loads and stores
         assert ptx.count("ld.global.b32") == 4 and ptx.count("st.global.b32") == 4, ptx
+    if name.startswith("resize, pad of H and W"):  # pieces shifted along two dims still move whole vectors
+        assert "ld.global.v4" in ptx and "st.global.v4" in ptx
     if name.startswith("pointwise, broadcast"):  # per row: q, two rotate-half pieces, and half of cos and sin
         assert ptx.count("ld.global.v4") < 5 * ptx.count("st.global.v4"), ptx.count("ld.global.v4")
     assert list((tmp_path / "cache").rglob("*.o")), "the compiled kernel is exported to the disk cache"

@@ -449,7 +449,7 @@ def _pointwise_pieces(prog: Program, geo: Geometry):
     ops = geo.operands
     ref_slot = geo.store_slot[0]
 
-    outer_select = geo.outer_select
+    outer_dim = geo.outer_select_dim  # a select along any other dim is along the vector dim
     piece_axis = len(geo.outer) - 1  # an outer select's dim: the outermost of the outer modes
 
     reuse = geo.reuse
@@ -460,33 +460,39 @@ def _pointwise_pieces(prog: Program, geo: Geometry):
         the reuse mode comes from (and goes to) ``shared``, common to the thread's rows."""
         n0 = j * V
         loaded = {}
-        at = _entry(m, -1) if outer_select else n0  # the position along the select dim
+        row_at = _entry(m, -1) if outer_dim is not None else None  # the position along an outer select
+
+        def at(dim):
+            return row_at if dim == outer_dim else n0
 
         def load(ld: Load):
             slot = geo.load_slot[id(ld)]
             cache = shared if slot in invariant else loaded
-            if slot in cache:
-                return cache[slot]
+            key = (slot, ld.shifts)  # one operand read as two pieces (``cat((x, x))``) is two loads
+            if key in cache:
+                return cache[key]
             o = ops[slot]
-            shift = ld.shift
-            if shift is not None and outer_select:
-                ext = o.shape[piece_axis]
-                pred = row_ok & (at >= shift) & (at < shift + ext)
-                val = _load_vector(o, t2s[slot], tvs[slot], _with_entry(m, -1, at - shift), j, V, N, pred, geo.tail)
-            elif shift is not None:  # pieces start at multiples of V (geometry's vector fit)
-                ext = o.shape[-1]
-                pred = row_ok & (n0 >= shift) & (n0 < shift + ext)
-                val = _load_vector(o, t2s[slot], tvs[slot], m, j - shift // V, V, ext, pred)
-            else:
-                val = _load_vector(o, t2s[slot], tvs[slot], m, j, V, N, row_ok, geo.tail)
-            cache[slot] = val
+            # a piece of a cat/pad: zero outside its extent along each dim it is shifted along
+            row, vec, n, pred, tail = m, j, N, row_ok, geo.tail
+            for dim, shift in ld.shifts:
+                if dim == outer_dim:
+                    ext = o.shape[piece_axis]
+                    pred = pred & (row_at >= shift) & (row_at < shift + ext)
+                    row = _with_entry(m, -1, row_at - shift)
+                else:  # pieces start at multiples of V (geometry's vector fit)
+                    n = o.shape[-1]
+                    pred = pred & (n0 >= shift) & (n0 < shift + n)
+                    vec, tail = j - shift // V, False
+            val = _load_vector(o, t2s[slot], tvs[slot], row, vec, V, n, pred, tail)
+            cache[key] = val
             return val
 
         def select(e: Select, pieces):
             out = _frag((1, V), e.dtype)
             out.fill(e.fill)
+            pos = at(e.dim)
             for p, lo, hi in zip(pieces, e.bounds, e.bounds[1:]):
-                _put_if(out, _vector(p, V, e.dtype), (at >= lo) & (at < hi))
+                _put_if(out, _vector(p, V, e.dtype), (pos >= lo) & (pos < hi))
             return out.load()
 
         ev = Evaluator(load, None, select)

@@ -9,8 +9,10 @@ number per row. The kernel template then needs no index algebra at all; the stri
 each operand carry it, and they are derived per producer-to-consumer edge (each push
 applies exactly the op on that edge), never from a global equivalence of dims.
 
-``cat`` and ``pad`` along one dim become :class:`Select` (pick a piece by the position
-along that dim); each piece reads its operands shifted by the piece's start along it.
+``cat`` and ``pad`` become :class:`Select` (pick a piece by the position along one dim;
+a pad of several dims is one select per dim, nested); each piece reads its operands shifted
+by the piece's start along that dim. Selects nest freely (a pad of a cat): shifting a
+select moves its bounds, and a load's shifts along one dim add up.
 
 Anything outside this vocabulary raises :class:`Unsupported` with the reason, and the
 segment runs on the reference backend.
@@ -33,11 +35,13 @@ class Unsupported(Exception):
 @dataclass(frozen=True, eq=False)
 class Load:
     """Read ``source`` through ``views`` (nodes applied in order, each to the previous
-    result). ``shift`` is the piece start along the program's select dim (cat/pad)."""
+    result). ``shifts``: for a read inside cat/pad pieces, (domain dim, start) per dim it is
+    shifted along, sorted by dim: its element ``i`` sits at ``i + start`` of the domain, and
+    it reads as zero outside its extent there."""
 
     source: Value
     views: tuple[Node, ...] = ()
-    shift: int | None = None  # set for a read inside a cat/pad piece: the piece's start
+    shifts: tuple[tuple[int, int], ...] = ()
     row: bool = False  # one value per reduced-away position (a reduction result), broadcast
 
 
@@ -89,7 +93,7 @@ class Program:
     reduced: tuple[int, ...]  # dims reduced (rows), or that row loads broadcast along (pointwise)
     stores: list[Store]
     loads: list[Load] = field(default_factory=list)  # distinct loads, in first-use order
-    select_dim: int | None = None  # the domain dim cat/pad select along
+    select_dims: tuple[int, ...] = ()  # the domain dims cat/pad select along (at most two)
 
 
 def is_row(e) -> bool:
@@ -150,10 +154,10 @@ def lower_segment(seg: Segment) -> list[Program]:
         groups.setdefault(tuple(st.target.shape), []).append(st)
     progs = []
     for shape, group in groups.items():
-        dims = {e.dim for e in subexpressions(st.expr for st in group) if isinstance(e, Select)}
-        if len(dims) > 1:
-            raise Unsupported(f"cat/pad along several dims {sorted(dims)} in one kernel")
-        prog = Program(family, shape, (), group, select_dim=dims.pop() if dims else None)
+        dims = sorted({e.dim for e in subexpressions(st.expr for st in group) if isinstance(e, Select)})
+        if len(dims) > 2:
+            raise Unsupported(f"cat/pad along {len(dims)} dims {dims} in one kernel (at most 2)")
+        prog = Program(family, shape, (), group, select_dims=tuple(dims))
         _collect_loads(prog)
         progs.append(prog)
     return progs
@@ -359,7 +363,7 @@ class _Lowering:
         if _is_number(e):
             return e
         if isinstance(e, Load):
-            if e.shift is not None:
+            if e.shifts:
                 raise Unsupported(f"{node.op} of a cat/pad piece")
             return Load(e.source, e.views + (node,), row=e.row and tuple(node.outputs[0].shape) in self.row_shapes)
         if is_row(e):
@@ -385,7 +389,7 @@ class _Lowering:
             d = dim % out.ndim
             bounds, pieces, at = [0], [], 0
             for t in tensors:
-                pieces.append(self.shifted(self.value(t), at, node))
+                pieces.append(self.shifted(self.value(t), at, node, d))
                 at += t.shape[d]
                 bounds.append(at)
             self.env[id(out)] = Select(tuple(pieces), tuple(bounds), 0, out.dtype, d)
@@ -393,26 +397,30 @@ class _Lowering:
             a, fill, config = node.args
             if any(interior for _, _, interior in config):
                 raise Unsupported("interior padding")
-            padded = [d for d, (lo, hi, _) in enumerate(config) if lo or hi]
-            if len(padded) > 1:
-                raise Unsupported(f"pad of several dims {padded} in one kernel")
-            d = padded[0] if padded else out.ndim - 1
-            lo, hi, _ = config[d]
-            if lo < 0 or hi < 0:
+            if any(lo < 0 or hi < 0 for lo, hi, _ in config):
                 raise Unsupported("negative padding")
-            piece = self.shifted(self.value(a), lo, node)
-            self.env[id(out)] = Select((piece,), (lo, lo + a.shape[d]), fill, out.dtype, d)
+            padded = [d for d, (lo, hi, _) in enumerate(config) if lo or hi] or [out.ndim - 1]
+            e = self.value(a)
+            for d in padded:
+                e = self.shifted(e, config[d][0], node, d)
+            for d in padded:  # one select per padded dim: fill outside the input's extent there
+                lo = config[d][0]
+                e = Select((e,), (lo, lo + a.shape[d]), fill, out.dtype, d)
+            self.env[id(out)] = e
 
-    def shifted(self, e, at: int, node: Node):
-        """``e`` read ``at`` elements further along the select dim (a piece of ``node``)."""
+    def shifted(self, e, at: int, node: Node, dim: int):
+        """``e`` read ``at`` elements further along domain dim ``dim`` (a piece of ``node``)."""
         if _is_number(e):
             return e
         if isinstance(e, Load):
-            if e.shift is not None:
-                raise Unsupported("nested cat/pad")
-            return Load(e.source, e.views, at)
+            shifts = dict(e.shifts)
+            shifts[dim] = shifts.get(dim, 0) + at
+            return Load(e.source, e.views, tuple(sorted(shifts.items())), e.row)
         if isinstance(e, Op):
-            return Op(e.op, tuple(self.shifted(a, at, node) for a in e.args), e.dtype)
+            return Op(e.op, tuple(self.shifted(a, at, node, dim) for a in e.args), e.dtype)
+        if isinstance(e, Select):
+            bounds = tuple(b + at for b in e.bounds) if e.dim == dim else e.bounds
+            return Select(tuple(self.shifted(p, at, node, dim) for p in e.pieces), bounds, e.fill, e.dtype, e.dim)
         raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")
 
 
@@ -433,7 +441,7 @@ def render(e, load_name=None, typed: bool = False) -> str:
         if load_name is not None:
             return load_name(e)
         views = "".join(f".{n.op}" for n in e.views)
-        return f"{e.source.name}{views}" + (f"<<{e.shift}" if e.shift is not None else "")
+        return f"{e.source.name}{views}" + "".join(f"<<{at}@{d}" for d, at in e.shifts)
     args = ", ".join(render(a, load_name, typed) for a in children(e))
     if isinstance(e, Op):
         head = e.op

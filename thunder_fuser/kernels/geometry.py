@@ -61,13 +61,19 @@ class Geometry:
     row_vectors: int = 0  # 0 with row_threads set: the row is too long for registers (looped passes)
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
     col_vectors: int = 0  # column vectors per block (columns only)
-    outer_select: bool = False  # cat/pad along the outermost outer dim (pieces picked per row)
+    outer_select_dim: int | None = None  # the domain dim of a cat/pad along the outermost outer
+    #                                      mode (pieces picked per row); a select along any other
+    #                                      dim is along the vector dim
     reuse: tuple = ()  # pointwise: (outer mode, rows) a thread walks along one mode where some operand
     #                    is broadcast, loading that operand once for all its rows
     bases: list = field(default_factory=list)  # the first call's tensors the operands view
     call_views: tuple = ()  # per operand: (base index, None where the base is the view as it is, else
     #                        (shape, stride, element offset) of its ``as_strided``)
     align_checks: tuple = ()  # per vector operand: (base, byte offset, alignment) checked per call
+
+    @property
+    def outer_select(self) -> bool:
+        return self.outer_select_dim is not None
 
     def signature(self) -> tuple:
         ops = tuple(
@@ -131,20 +137,33 @@ def _kept_innermost(ref: torch.Tensor, reduced) -> bool:
     return d is not None and d not in reduced
 
 
-def _order(ref: torch.Tensor, reduced, select_dim, columns: bool, outer_select: bool) -> list[int]:
+def _order(ref: torch.Tensor, reduced, inner_select, outer_select, columns: bool) -> list[int]:
     """Domain dims outermost first: by the reference operand's strides; reduced dims (rows),
-    kept dims (columns) or the select dim (cat/pad) innermost, except that a select dim
-    which is not the fastest in memory goes outermost (the kernel picks pieces by rows)."""
+    kept dims (columns) or the select dim (cat/pad) that is fastest in memory innermost; a
+    select dim that is not goes outermost (the kernel picks pieces by rows)."""
     by_stride = _by_stride(ref)
-    if outer_select:
-        return [select_dim] + [d for d in by_stride if d != select_dim]
     if columns:
         inner = [d for d in by_stride if d not in reduced]
     elif reduced:
         inner = [d for d in by_stride if d in reduced]
     else:
-        inner = [select_dim] if select_dim is not None else []
-    return [d for d in by_stride if d not in inner] + inner
+        inner = [inner_select] if inner_select is not None else []
+    head = [outer_select] if outer_select is not None else []
+    return head + [d for d in by_stride if d not in inner and d not in head] + inner
+
+
+def _select_axes(prog: Program, ref: torch.Tensor, domain) -> tuple[int | None, int | None]:
+    """(inner, outer) select dims: a cat/pad dim that is the reference operand's fastest
+    runs along the vector dim, another one along the outermost outer mode."""
+    sels = prog.select_dims
+    fastest = _innermost(ref)
+    inner = fastest if fastest in sels else None
+    outer = [d for d in sels if d != inner]
+    if len(outer) > 1:
+        raise Unsupported(f"cat/pad along dims {list(sels)}, neither of them the fastest in memory")
+    if outer and domain[outer[0]] == 1:
+        raise Unsupported("cat/pad producing a single element along its dim")
+    return inner, (outer[0] if outer else None)
 
 
 def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) -> Geometry:
@@ -170,8 +189,9 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
         if not isinstance(base, torch.Tensor):
             raise Unsupported(f"{ld.source.name} is not a tensor")
         v = _view(base, ld.views)
-        if ld.shift is not None:
-            others = [d for d in range(len(domain)) if d != prog.select_dim]
+        if ld.shifts:
+            shifted = {d for d, _ in ld.shifts}
+            others = [d for d in range(len(domain)) if d not in shifted]
             if v.ndim != len(domain) or any(v.shape[d] != domain[d] for d in others):
                 raise Unsupported(f"a piece of {ld.source.name} {tuple(v.shape)} does not span the domain {domain}")
         else:
@@ -190,17 +210,13 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     columns = prog.family == "rows" and _kept_innermost(ref, reduced)
     if columns:
         _check_column_program(prog)
-    sel = prog.select_dim
-    outer_select = sel is not None and _innermost(ref) != sel
-    if outer_select and domain[sel] == 1:
-        raise Unsupported("cat/pad producing a single element along its dim")
-    order = _order(ref, reduced, sel, columns, outer_select)
+    inner_sel, outer_sel = _select_axes(prog, ref, domain)
+    sels = set(prog.select_dims)
+    order = _order(ref, reduced, inner_sel, outer_sel, columns)
     if columns:
         fixed_inner = len(reduced)
-    elif outer_select:
-        fixed_inner = len(order)  # no forced innermost run: the select dim is outermost
-    else:
-        fixed_inner = len(order) - (len(reduced) if reduced else (1 if sel is not None else 0))
+    else:  # a forced innermost run: the reduced dims, or the inner select dim
+        fixed_inner = len(order) - (len(reduced) if reduced else (1 if inner_sel is not None else 0))
 
     all_views = [v for v, _ in load_view.values()] + [v for v, _ in store_views]
     # drop size-1 dims, then merge neighbours every operand walks through as one dim
@@ -208,8 +224,8 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     for pos, d in enumerate(order):
         if domain[d] == 1:
             continue
-        boundary = pos == fixed_inner or (prog.select_dim is not None and d == prog.select_dim)
-        if groups and not boundary and not (prog.select_dim is not None and groups[-1][-1] == prog.select_dim):
+        boundary = pos == fixed_inner or d in sels
+        if groups and not boundary and groups[-1][-1] not in sels:
             a = groups[-1][-1]
             if all(v.stride(a) == v.stride(d) * v.shape[d] for v in all_views):
                 groups[-1].append(d)
@@ -268,31 +284,32 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     vec_ops = [o for o in operands if o.inner_mode == "vec"]
     itemsize = min((o.dtype.itemsize for o in vec_ops), default=4)
     vector = min(MAX_VECTOR, max(1, 16 // itemsize)) if vec_ops else 1
-    bounds = _select_bounds(prog)
-    inner_bounds = () if outer_select else bounds  # pieces along the vector dim must hold whole vectors
+    inner_bounds = _select_bounds(prog, inner_sel)  # pieces along the vector dim must hold whole vectors
     while vector > 1 and not _vector_fits(vector, operands, bases, n, bool(outer) or prog.family == "rows", inner_bounds):
         vector //= 2
     tail = n % vector != 0
     geo = Geometry(
         operands, load_slot, store_slot, outer, n, vector, tail, bases=bases, columns=columns,
-        outer_select=outer_select,
+        outer_select_dim=outer_sel,
     )
     _call_recipe(geo)
     if columns:
         geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
     elif prog.family == "rows":
         _row_tiling(geo)
-    elif not outer_select:
+    elif outer_sel is None:
         geo.reuse = _broadcast_reuse(geo)
     if _numel(outer) * max(1, -(-n // vector)) >= 2**31:
         raise Unsupported("more than 2**31 vectors")
     return geo
 
 
-def _select_bounds(prog: Program) -> tuple:
+def _select_bounds(prog: Program, dim: int | None) -> tuple:
+    """The bounds of every cat/pad along domain dim ``dim``."""
     from thunder_fuser.kernels.expr import Select, subexpressions
 
-    return tuple(e.bounds for e in subexpressions(st.expr for st in prog.stores) if isinstance(e, Select))
+    exprs = subexpressions(st.expr for st in prog.stores)
+    return tuple(e.bounds for e in exprs if isinstance(e, Select) and e.dim == dim)
 
 
 def _vector_fits(vector, operands, bases, n, has_outer, bounds) -> bool:

@@ -231,7 +231,7 @@ def _check_no_overlap(part: _Part, env, stores) -> None:
         for ld in part.prog.loads:
             t = env[id(ld.source)]
             same_place = t.stride() == w.stride() and t.storage_offset() == w.storage_offset()
-            if t.untyped_storage().data_ptr() == wp and (not same_place or ld.views or ld.shift is not None):
+            if t.untyped_storage().data_ptr() == wp and (not same_place or ld.views or ld.shifts):
                 raise Unsupported(f"{ld.source.name} is read at other positions than the in-place write changes")
 
 
@@ -293,6 +293,6 @@ def _program_text(prog: Program, geo: Geometry) -> str:
     segments computing the same thing over the same operand pattern share a kernel."""
 
     def load_name(e) -> str:
-        return f"load{geo.load_slot[id(e)]}<<{e.shift}"
+        return f"load{geo.load_slot[id(e)]}" + "".join(f"<<{at}@{d}" for d, at in e.shifts)
 
     return " | ".join(("row " if st.is_row else "") + render(st.expr, load_name, typed=True) for st in prog.stores)

@@ -20,6 +20,12 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
     ndim = len(geo.outer) + 1
     # a row kernel reduces the last dim; a column kernel every dim but the last
     reduced_dims = tuple(range(ndim - 1)) if geo.columns else (ndim - 1,)
+    domain_shape = views[geo.store_slot[0]].shape
+
+    def axis_of(dim: int) -> int:
+        """The operand axis of a cat/pad along domain dim ``dim``: the outermost outer mode, or
+        the vector dim."""
+        return len(geo.outer) - 1 if dim == geo.outer_select_dim else ndim - 1
 
     def ev(e):
         if isinstance(e, (bool, int, float)):
@@ -28,6 +34,13 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
             return memo[id(e)]
         if isinstance(e, Load):
             r = views[geo.load_slot[id(e)]]
+            if e.shifts:  # a cat/pad piece: placed at its start, zero elsewhere (as a kernel reads it)
+                whole = torch.zeros(domain_shape, dtype=r.dtype, device=r.device)
+                at = whole
+                for dim, shift in e.shifts:
+                    at = at.narrow(axis_of(dim), shift, r.shape[axis_of(dim)])
+                at.copy_(r)
+                r = whole
         elif isinstance(e, Op):
             r = REFERENCE_IMPLS[e.op](*[ev(a) for a in e.args], *((e.dtype,) if e.op == "convert_element_type" else ()))
             r = _conform(r, _Typed(e.dtype))
@@ -41,11 +54,11 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
                 r = REFERENCE_IMPLS[e.op](x, dims).reshape([1 if d in dims else s for d, s in enumerate(x.shape)])
             r = r.to(e.dtype)
         elif isinstance(e, Select):
-            shape = views[geo.store_slot[0]].shape
-            r = torch.full(shape, e.fill, dtype=e.dtype, device=views[0].device)
-            axis = len(geo.outer) - 1 if geo.outer_select else ndim - 1
+            r = torch.full(domain_shape, e.fill, dtype=e.dtype, device=views[0].device)
+            axis = axis_of(e.dim)
             for p, lo, hi in zip(e.pieces, e.bounds, e.bounds[1:]):
-                r.narrow(axis, lo, hi - lo).copy_(torch.as_tensor(ev(p)).expand(r.narrow(axis, lo, hi - lo).shape))
+                piece = torch.as_tensor(ev(p), device=r.device).expand(domain_shape)
+                r.narrow(axis, lo, hi - lo).copy_(piece.narrow(axis, lo, hi - lo))
         else:
             raise TypeError(e)
         memo[id(e)] = r
