@@ -286,6 +286,18 @@ def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(tm
     assert "tanh.approx" not in ptx(torch.tanh, _r(64, 256))
 
 
+def test_one_tensor_read_as_two_pieces_is_loaded_twice(tmp_path, monkeypatch):
+    """``cat((x, x))``: both pieces view the same operand; each needs its own load (its own
+    shift and predicate). A cache by operand alone loaded once and wrote zeros for the second."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
+    (part,) = _planned_parts(lambda x: torch.cat((x, x), -1) + 1, (_r(3, 64),))
+    ptx = segment_kernel.compile_program(part.prog, part.geo, None).artifacts.PTX
+    assert ptx.count("ld.global") == 2 and ptx.count("st.global") == 1, ptx
+
+
 GROUPS = {
     "RoPE's q and k": (rope, lambda dt: _rope_args(1, dt)),
     "three shapes and templates": (three_shapes, lambda dt: (_r(4097, dtype=dt), _r(33, 256, dtype=dt), _r(256, dtype=dt),
