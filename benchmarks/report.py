@@ -27,7 +27,7 @@ def rows(doc):
                 "workload": w["name"], "size": w["size"], "bytes": w["bytes"], "contender": c,
                 "ms": ms, "TBps": r.get("TBps"), "pct_copy": r["TBps"] / copy * 100 if r.get("TBps") else None,
                 "vs_torch_compile": speed, "host_us": r.get("host_us"), "compile_s": r.get("compile_s"),
-                "error": r.get("error", ""),
+                "error": r.get("error", ""), "fallbacks": len(r.get("fallbacks") or ()),
             }
 
 
@@ -41,11 +41,16 @@ def markdown(doc) -> str:
     ]
     for r in rows(clean(doc)):
         err = f" FAILED: {r['error']}" if r["error"] else ""
+        if r["fallbacks"]:
+            err += f" ({r['fallbacks']} segment{'s' if r['fallbacks'] > 1 else ''} on the reference backend)"
         lines.append(
             f"| {r['workload']} | {r['size']} | {r['contender']}{err} | {_fmt(r['ms'], '.4f')} | {_fmt(r['TBps'], '.2f')} | "
             f"{_fmt(r['pct_copy'], '.0f')} | {_fmt(r['vs_torch_compile'], '.2f')} | {_fmt(r['host_us'], '.1f')} | "
             f"{_fmt(r['compile_s'], '.2f')} |"
         )
+    reasons = sorted({m for w in doc["workloads"] for m in w["results"].get("thunder+fuser", {}).get("fallbacks") or ()})
+    lines += ["", "Segments of thunder+fuser that ran on the reference backend: " + ("none." if not reasons else "")]
+    lines += [f"- {m}" for m in reasons]
     return "\n".join(lines) + "\n"
 
 

@@ -34,6 +34,8 @@ from benchmarks.suite import Case, cases, nbytes
 from benchmarks.timing import device_ms, host_us
 from benchmarks.workloads import TransformerBlock
 from thunder_fuser import fuser_ex
+from thunder_fuser.kernels import backend
+from thunder_fuser.kernels.backend import KernelFallbackWarning
 
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
 L2_BYTES = 50 * 2**20
@@ -111,15 +113,21 @@ def run_case(case: Case, copy_tbps: float, log) -> dict:
         try:
             f = _block_contender(kind, copy.deepcopy(block)) if block is not None else _jit(kind, fn)
             trial = _clone(pristine)
-            t0 = time.perf_counter()
-            got = f(*trial)
-            torch.cuda.synchronize()
-            compile_s = time.perf_counter() - t0
+            backend._warned.clear()  # each contender's fallbacks warn afresh (one warning per segment)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", KernelFallbackWarning)
+                t0 = time.perf_counter()
+                got = f(*trial)
+                torch.cuda.synchronize()
+                compile_s = time.perf_counter() - t0
+            fallbacks = [str(w.message) for w in caught if issubclass(w.category, KernelFallbackWarning)]
             if case.written and fn is not None:
                 got = case.written(trial, got)
             _check(got, want, dtype)
             ms, graphed = device_ms(f, arg_sets, reps=50)
             entry = {"ms": ms, "TBps": bytes_ / ms / 1e9, "host_us": None, "compile_s": compile_s}
+            if kind == "thunder+fuser":
+                entry["fallbacks"] = fallbacks  # segments the first call ran on the reference backend
             if case.kind == "small":
                 entry["host_us"] = host_us(f, arg_sets[0], calls=100)
             results[kind] = entry
@@ -148,7 +156,7 @@ def main(argv=None) -> int:
     os.makedirs(opts.out, exist_ok=True)
     # a fresh kernel cache: compile_s is a cold compile; report.py measures the warm cache after
     os.environ.setdefault("THUNDER_FUSER_CACHE", tempfile.mkdtemp(prefix="tf-cache-"))
-    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("ignore")  # but the fuser's fallbacks are recorded per workload (run_case)
     from tqdm import tqdm
 
     copy_tbps = copy_bandwidth()

@@ -31,3 +31,19 @@ def test_a_failed_contender_is_reported_in_every_artifact(tmp_path):
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert len(rows) == len(report.CONTENDERS)
     assert [r["contender"] for r in rows if r["error"]] == ["thunder+fuser"]
+
+
+def test_segments_on_the_reference_backend_are_reported(tmp_path):
+    """The suite records the fuser's fallback warnings: a workload whose segment ran on torch
+    says so beside its numbers, and the reasons are listed under the table."""
+    doc = _doc()
+    fuser = {"ms": 0.5, "TBps": 2.0, "host_us": None, "compile_s": 0.4,
+             "fallbacks": ["thunder_fuser: fuser0 segment 1 (resize) runs on the reference backend: interior padding"]}
+    doc["workloads"][0]["results"]["thunder+fuser"] = fuser
+    report.write_all(doc, str(tmp_path))
+    md = (tmp_path / "results.md").read_text()
+    assert "| thunder+fuser (1 segment on the reference backend) |" in md
+    assert md.rstrip().endswith("- " + fuser["fallbacks"][0])
+    assert [r["fallbacks"] for r in csv.DictReader((tmp_path / "results.csv").open())][-1] == "1"
+    doc["workloads"][0]["results"]["thunder+fuser"]["fallbacks"] = []
+    assert "Segments of thunder+fuser that ran on the reference backend: none." in report.markdown(doc)
