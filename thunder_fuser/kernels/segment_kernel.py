@@ -115,6 +115,15 @@ class SegmentKernel:
         (alignment): the caller then runs the reference backend for this call. The per-call
         path: allocate, read the bases, check the pointers of bases we did not allocate,
         make the views, launch (``scripts/host_probe.py`` times each step)."""
+        if len(self.parts) == 1 and self.mode == "cute" and self.parts[0].workspace is None:
+            part = self.parts[0]  # the common case, kept short: it is the per-call host path
+            views = self.part_views(part, env)
+            if views is None:
+                return False
+            part.fn(views)
+            if self.write_outs or self.post_views:
+                self.finish(env)
+            return True
         launches = []
         for part in self.parts:
             views = self.part_views(part, env)
@@ -140,8 +149,6 @@ class SegmentKernel:
         stores = _allocate(part.store_recipe, env, self.device)
         if FILL_NAN:
             _fill_nan(part, stores)
-        for (target, _), t in zip(part.store_recipe, stores):
-            env[target] = t  # now: a later part may read it (a split's temporaries)
         bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
         if part.checks and not aligned(part.checks, bases):
             return None
@@ -209,11 +216,14 @@ FILL_NAN = False  # tests set it: every fresh output starts as NaN, so an unwrit
 
 
 def _allocate(store_recipe, env, device) -> list:
-    """Per store: a fresh tensor, or for an in-place write the tensor it writes into."""
-    return [
-        env[target] if a is None else torch.empty_strided(a[0], a[1], dtype=a[2], device=device)
-        for target, a in store_recipe
-    ]
+    """Per store: a fresh tensor, or for an in-place write the tensor it writes into; each
+    also entered in ``env`` at once (a later part may read it: a split's temporaries)."""
+    stores = []
+    for target, a in store_recipe:
+        t = env[target] if a is None else torch.empty_strided(a[0], a[1], dtype=a[2], device=device)
+        env[target] = t
+        stores.append(t)
+    return stores
 
 
 def _fill_nan(part: _Part, stores) -> None:

@@ -155,8 +155,7 @@ class Plan:
                     )
         env: dict[int, object] = dict(zip(self.input_ids, args))
         kernels = self.kernels
-        free_after = self.schedule.free_after
-        for step in self.schedule.steps:
+        for step, frees in self.step_frees:
             if len(step) == 1 or not self._run_group(step, env):
                 for seg in step:
                     k = kernels.get(seg.index, _UNSET)
@@ -164,9 +163,8 @@ class Plan:
                         k = self._kernel_for(seg, env)
                     if k is None or not k.run(env):
                         reference.run_nodes(seg.nodes, env)
-            for seg in step:
-                for v in free_after.get(seg.index, ()):
-                    env.pop(id(v), None)
+            for vid in frees:
+                env.pop(vid, None)
         results = []
         for oid, strides in self.output_recipe:
             t = env[oid]
@@ -180,6 +178,11 @@ class Plan:
     def __post_init__(self):
         self.input_ids = tuple(id(v) for v in self.region.inputs)
         self.output_recipe = tuple((id(o), s) for o, s in zip(self.region.outputs, self.out_strides))
+        if self.schedule is not None:  # per step: the ids of the values no later step reads
+            free_after = self.schedule.free_after
+            self.step_frees = tuple(
+                (step, tuple(id(v) for seg in step for v in free_after.get(seg.index, ()))) for step in self.schedule.steps
+            )
 
 
 def build_plan(region: Region, segments: list[Segment], args) -> Plan:
