@@ -207,4 +207,7 @@ TWO_LEVEL_RESIZES = {
     "pad of an outer cat": (lambda x, y: _pad(torch.cat((x, y.exp()), 0), (0, 0, 1, 2)), [(3, 64), (2, 64)]),
     "outer cat of pads": (lambda x, y: torch.cat((_pad(x, (8, 8)), y), 0), [(3, 64), (2, 80)]),
     "one tensor as two pieces": (lambda x: (torch.cat((x, x), -1) + 1, torch.cat((x, x), 0) * 2), [(3, 64)]),
+    "reshape of a cat, its dim kept whole": (
+        lambda a, b: torch.cat((a, b * 2), -1).reshape(-1, 384) * 3, [(2, 16, 128), (2, 16, 256)]
+    ),
 }

@@ -159,6 +159,12 @@ def test_pieces_shifted_along_two_dims_or_twice_along_one(torch_kernels, name):
     assert [kind for kind, _ in _kernels(jfn)] == ["resize"] and all(k for _, k in _kernels(jfn))
 
 
+def test_a_reshape_that_cuts_a_cat_dim_runs_on_the_reference_backend(torch_kernels):
+    """Splitting the cat dim would put pieces on both sides of a new dim: no template."""
+    jfn, _ = check_vs_eager(lambda a, b: torch.cat((a, b), -1).reshape(4, 2, 48) + 1, _r(4, 32), _r(4, 64))
+    assert ("reference", None) in _kernels(jfn)
+
+
 def test_unsupported_segment_reason(torch_kernels):
     """A pad of two dims neither of which is the fastest in memory has no template: the
     segment runs on the reference backend."""

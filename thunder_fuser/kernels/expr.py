@@ -378,7 +378,36 @@ class _Lowering:
             raise Unsupported(f"{node.op} of a reduction result")
         if isinstance(e, Op):
             return Op(e.op, tuple(self.view(a, node) for a in e.args), e.dtype)
+        if isinstance(e, Select) and node.op == "reshape":
+            return self.reshape_select(e, tuple(node.args[0].shape), tuple(node.outputs[0].shape))
         raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")
+
+    def reshape_select(self, e: Select, before: tuple, after: tuple) -> Select:
+        """A reshape of a cat/pad result that keeps its dim whole (merging or splitting only
+        the dims on either side, as a linear layer's backward does to a cat of q, k and v
+        gradients): the same select along the new dim, each piece reshaped alike with its
+        own extent there, its loads' shifts moved to the new dim."""
+        d = e.dim
+        new = _dim_through_reshape(before, after, d)
+        if new is None:
+            raise Unsupported(f"a reshape {before} -> {after} that splits or merges cat/pad dim {d}")
+
+        def move(x, extent):
+            if _is_number(x):
+                return x
+            if isinstance(x, Op):
+                return Op(x.op, tuple(move(a, extent) for a in x.args), x.dtype)
+            if isinstance(x, Select) and x.dim == d:
+                pieces = tuple(move(p, hi - lo) for p, lo, hi in zip(x.pieces, x.bounds, x.bounds[1:]))
+                return Select(pieces, x.bounds, x.fill, x.dtype, new)
+            if isinstance(x, Load) and all(dim == d for dim, _ in x.shifts):
+                shape = after[:new] + (extent,) + after[new + 1:]
+                out = Value(f"{x.source.name}_piece", shape, x.source.dtype)
+                return Load(x.source, x.views + (Node("reshape", (x.source, shape), {}, (out,)),),
+                            tuple((new, at) for _, at in x.shifts), x.row)
+            raise Unsupported(f"a reshape of a cat/pad along dim {d} whose pieces are cut along another dim")
+
+        return move(e, None)
 
     def resize(self, node: Node) -> None:
         if self.seg.kind != "resize":
@@ -422,6 +451,16 @@ class _Lowering:
             bounds = tuple(b + at for b in e.bounds) if e.dim == dim else e.bounds
             return Select(tuple(self.shifted(p, at, node, dim) for p in e.pieces), bounds, e.fill, e.dtype, e.dim)
         raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")
+
+
+def _dim_through_reshape(before: tuple, after: tuple, d: int) -> int | None:
+    """The dim of ``after`` that dim ``d`` of ``before`` is, whole: the same extent, the
+    same number of elements before it and after it; None if the reshape cuts into it."""
+    outer = _numel(before[:d])
+    for j in range(len(after)):
+        if after[j] == before[d] and _numel(after[:j]) == outer:
+            return j
+    return None
 
 
 def dtype_of(e):
