@@ -178,11 +178,10 @@ class Plan:
     def __post_init__(self):
         self.input_ids = tuple(id(v) for v in self.region.inputs)
         self.output_recipe = tuple((id(o), s) for o, s in zip(self.region.outputs, self.out_strides))
-        if self.schedule is not None:  # per step: the ids of the values no later step reads
-            free_after = self.schedule.free_after
-            self.step_frees = tuple(
-                (step, tuple(id(v) for seg in step for v in free_after.get(seg.index, ()))) for step in self.schedule.steps
-            )
+        # per step: its segments, and the ids of the values no later step reads
+        free_after = self.schedule.free_after if self.schedule is not None else {}
+        steps = self.schedule.steps if self.schedule is not None else ()
+        self.step_frees = tuple((step, tuple(id(v) for seg in step for v in free_after.get(seg.index, ()))) for step in steps)
 
 
 def build_plan(region: Region, segments: list[Segment], args) -> Plan:
