@@ -3,7 +3,7 @@
 Prints microseconds per call, each from the wall clock of many back-to-back calls, for the
 pieces of a region call: thunder's call, our runner, the plan's run, the segment's run, the
 bare TVM-FFI kernel call, and the torch pieces the run makes (allocation, as_strided), beside
-one eager op."""
+one eager op; last, the runner with its launch replaced by a no-op (our dispatch alone)."""
 import thunder_fuser  # noqa: F401
 import thunder
 import torch
@@ -55,6 +55,12 @@ def main():
     print("host us per call")
     for name, fn in rows:
         print(f"  {name:28s} {host_us(fn, (), 2000):7.1f}")
+    # our dispatch alone: the same runner with the launch replaced by a no-op
+    launch, part.fn = part.fn, lambda views: None
+    try:
+        print(f"  {'region runner, no launch':28s} {host_us(lambda: runner(*args), (), 2000):7.1f}")
+    finally:
+        part.fn = launch
 
 
 if __name__ == "__main__":
