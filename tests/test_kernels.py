@@ -167,9 +167,10 @@ def test_a_reshape_that_cuts_a_cat_dim_runs_on_the_reference_backend(torch_kerne
 
 def test_unsupported_segment_reason(torch_kernels):
     """A pad of two dims neither of which is the fastest in memory has no template: the
-    segment runs on the reference backend."""
+    segment runs on the reference backend, and explain() says why."""
     jfn, _ = check_vs_eager(lambda x: torch.nn.functional.pad(x * 2, (0, 0, 1, 1, 2, 2)), _r(6, 5, 33))
     assert ("reference", None) in _kernels(jfn)
+    assert "segment 0 runs as reference (cat/pad along dims [0, 1], neither of them the fastest in memory)" in explain(jfn)
 
 
 # ---- PTX on the CPU machine ----------------------------------------------------------------

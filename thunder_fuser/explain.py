@@ -43,7 +43,10 @@ def explain(jfn) -> str:
             for key, plan in runner.plans.items():
                 changed = {i: k for i, k in plan.kinds.items() if k != runner.segments[i].kind}
                 if changed:
-                    lines.append(f"  for input strides {key}: " + ", ".join(f"segment {i} runs as {k}" for i, k in changed.items()))
+                    lines.append(f"  for input strides {key}: " + ", ".join(
+                        f"segment {i} runs as {k}" + (f" ({plan.fallbacks[i]})" if i in plan.fallbacks else "")
+                        for i, k in changed.items()
+                    ))
                 for first, why in plan.apart.items():
                     lines.append(f"  for input strides {key}: the segments sharing a launch with segment {first} launch apart: {why}")
             lines.extend("  " + l for l in segment_lines(runner.segments))

@@ -81,6 +81,7 @@ class Plan:
     kernels: dict = field(default_factory=dict)  # segment index -> SegmentKernel, or None: reference
     groups: dict = field(default_factory=dict)  # first segment index of a step -> LaunchGroup, or None
     apart: dict = field(default_factory=dict)  # first segment index of a step -> why it launches apart
+    fallbacks: dict = field(default_factory=dict)  # segment index -> why no kernel runs it (for explain)
 
     def _kernel_for(self, seg: Segment, env, compile_now: bool = True):
         """Build the segment's kernel at the plan's first call, when every tensor it reads
@@ -106,6 +107,7 @@ class Plan:
             self.kinds[seg.index] = "reference"
             self.kernels[seg.index] = None
             reason = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {str(e)[:300]}"
+            self.fallbacks[seg.index] = reason
             if mode == "cute":
                 warn_fallback(self.region.name, seg, reason)
             return None
