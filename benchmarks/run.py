@@ -113,7 +113,7 @@ def run_case(case: Case, copy_tbps: float, log) -> dict:
         try:
             f = _block_contender(kind, copy.deepcopy(block)) if block is not None else _jit(kind, fn)
             trial = _clone(pristine)
-            backend._warned.clear()  # each contender's fallbacks warn afresh (one warning per segment)
+            backend.forget_warnings()  # each contender's fallbacks warn afresh (one warning per segment)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", KernelFallbackWarning)
                 t0 = time.perf_counter()

@@ -105,7 +105,7 @@ def test_a_failing_kernel_falls_back_with_one_warning(monkeypatch):
         raise RuntimeError("codegen exploded")
 
     monkeypatch.setattr(segment_kernel, "compile_program", broken)
-    backend._warned.clear()
+    backend.forget_warnings()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         jfn, _ = check_vs_eager(gelu_bias, _r(8, 64), _r(64))

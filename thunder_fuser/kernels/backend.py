@@ -68,3 +68,9 @@ def warn_fallback(region_name: str, seg, reason: str) -> None:
         KernelFallbackWarning,
         stacklevel=3,
     )
+
+
+def forget_warnings() -> None:
+    """Warn again for segments that already warned (each warns once per process): the
+    benchmark harness records each contender's fallbacks apart."""
+    _warned.clear()
