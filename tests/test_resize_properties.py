@@ -1,0 +1,74 @@
+"""Random cat/pad nests through the lowered programs (the torch backend, which runs the exact
+operand views a kernel would get): pads of one or two dims, cats along any dim, nested either
+way, maybe reshaped, on contiguous or transposed inputs. Each must match eager; a segment
+that no template covers must run on the reference backend with the reason explain() names."""
+
+import pytest
+import thunder
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import check_vs_eager, plans
+from thunder_fuser import explain, fuser_ex
+
+
+@st.composite
+def resize_programs(draw):
+    """(fn, args, dims): ``fn`` applies a random list of pads and cats to ``args[0]``; ``dims``
+    are the dims it cuts along."""
+    ndim = draw(st.integers(2, 4))
+    shape = [draw(st.integers(1, 5)) for _ in range(ndim - 1)] + [draw(st.sampled_from([4, 5, 8, 12]))]
+    transposed = draw(st.booleans())  # the input's fastest dim is its second to last
+    steps, extra, dims, cur = [], [], set(), list(shape)
+    for _ in range(draw(st.integers(1, 3))):
+        if draw(st.booleans()):
+            padded = draw(st.lists(st.integers(0, ndim - 1), min_size=1, max_size=2, unique=True))
+            widths = {d: (draw(st.integers(0, 3)), draw(st.integers(0, 3))) for d in padded}
+            steps.append(("pad", widths, draw(st.sampled_from([0.0, -1.5]))))
+            for d, (lo, hi) in widths.items():
+                cur[d] += lo + hi
+                dims.add(d)
+        else:
+            d = draw(st.integers(0, ndim - 1))
+            other = list(cur)
+            other[d] = draw(st.integers(1, 6))
+            steps.append(("cat", d, len(extra), draw(st.booleans())))
+            extra.append(tuple(other))
+            cur[d] += other[d]
+            dims.add(d)
+    reshape = ndim >= 3 and draw(st.booleans())  # merge the two outermost dims
+
+    def fn(x, *ys):
+        y = x * 2
+        for step in steps:
+            if step[0] == "pad":
+                _, widths, fill = step
+                flat = []
+                for d in reversed(range(ndim)):
+                    flat += list(widths.get(d, (0, 0)))
+                y = torch.nn.functional.pad(y, flat, value=fill)
+            else:
+                _, d, i, first = step
+                y = torch.cat((ys[i] + 1, y) if first else (y, ys[i] + 1), d)
+        return y.reshape(-1, *y.shape[2:]) if reshape else y
+
+    x = torch.randn(*shape)
+    if transposed:
+        x = x.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return fn, [x] + [torch.randn(*s) for s in extra], dims
+
+
+@given(resize_programs())
+def test_random_cat_pad_nests_match_eager_or_say_why_not(program):
+    fn, args, dims = program
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("THUNDER_FUSER_KERNELS", "torch")
+        jfn, _ = check_vs_eager(fn, *args)
+    report = explain(jfn)
+    for plan in plans(thunder.last_traces(jfn)[-1]):
+        for i, kind in plan.kinds.items():
+            if kind == "reference":
+                assert f"segment {i} runs as reference ({plan.fallbacks[i]})" in report
+            elif kind == "resize" and dims == {args[0].ndim - 1} and args[0].stride(-1) == 1:
+                assert plan.kernels.get(i) is not None  # cuts along the fastest dim alone always lower
