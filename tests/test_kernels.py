@@ -175,6 +175,16 @@ def test_unsupported_segment_reason(torch_kernels):
 
 # ---- PTX on the CPU machine ----------------------------------------------------------------
 
+@pytest.fixture
+def ptx_compile(tmp_path, monkeypatch):
+    """Kernels compile for sm_90a without a GPU, keep their PTX, and go to a fresh disk cache
+    (``tmp_path / "cache"``)."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
+
+
 def _planned_parts(fn, args):
     os.environ["THUNDER_FUSER_KERNELS"] = "torch"
     try:
@@ -255,11 +265,7 @@ def test_fake_tensors_agree_with_the_views_a_call_passes(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_every_family_compiles_to_ptx_without_a_gpu(name, tmp_path, monkeypatch):
-    pytest.importorskip("cutlass")
-    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
+def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path):
     from thunder_fuser.kernels import cache
 
     cache.clear_memory()
@@ -279,12 +285,8 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, tmp_path, monkeypatch)
     assert list((tmp_path / "cache").rglob("*.o")), "the compiled kernel is exported to the disk cache"
 
 
-def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(tmp_path, monkeypatch):
+def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(ptx_compile):
     """tanh.approx.f32 errs by up to 2**-10.9 relative: below half a bf16 ulp, not an fp32 one."""
-    pytest.importorskip("cutlass")
-    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
 
     def ptx(fn, x):
         return "".join(segment_kernel.compile_program(p.prog, p.geo, None).artifacts.PTX for p in _planned_parts(fn, (x,)))
@@ -293,13 +295,9 @@ def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(tm
     assert "tanh.approx" not in ptx(torch.tanh, _r(64, 256))
 
 
-def test_one_tensor_read_as_two_pieces_is_loaded_twice(tmp_path, monkeypatch):
+def test_one_tensor_read_as_two_pieces_is_loaded_twice(ptx_compile):
     """``cat((x, x))``: both pieces view the same operand; each needs its own load (its own
     shift and predicate). A cache by operand alone loaded once and wrote zeros for the second."""
-    pytest.importorskip("cutlass")
-    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
     (part,) = _planned_parts(lambda x: torch.cat((x, x), -1) + 1, (_r(3, 64),))
     ptx = segment_kernel.compile_program(part.prog, part.geo, None).artifacts.PTX
     assert ptx.count("ld.global") == 2 and ptx.count("st.global") == 1, ptx
@@ -313,14 +311,9 @@ GROUPS = {
 
 
 @pytest.mark.parametrize("name", GROUPS)
-def test_independent_segments_share_one_launch(name, tmp_path, monkeypatch):
+def test_independent_segments_share_one_launch(name, ptx_compile, torch_kernels):
     """Independent segments become one kernel (one PTX entry) whose blocks pick their
     program; on the torch backend the same group runs each program and matches eager."""
-    pytest.importorskip("cutlass")
-    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
-    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
     fn, make = GROUPS[name]
     jfn, _ = check_vs_eager(fn, *make(torch.bfloat16))
     (plan,) = _plans(jfn)

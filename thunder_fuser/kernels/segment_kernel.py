@@ -115,33 +115,26 @@ class SegmentKernel:
         (alignment): the caller then runs the reference backend for this call. The per-call
         path: allocate, read the bases, check the pointers of bases we did not allocate,
         make the views, launch (``scripts/host_probe.py`` times each step)."""
-        if len(self.parts) == 1 and self.mode == "cute" and self.parts[0].workspace is None:
-            part = self.parts[0]  # the common case, kept short: it is the per-call host path
-            views = self.part_views(part, env)
-            if views is None:
-                return False
-            part.fn(views)
-            if self.write_outs or self.post_views:
-                self.finish(env)
-            return True
         launches = []
         for part in self.parts:
             views = self.part_views(part, env)
             if views is None:
-                if part is self.parts[0]:
+                if not launches:
                     return False
                 raise RuntimeError(f"segment {self.seg.index}: operands lost alignment between launches")
             launches.append((part, views))
         for part, views in launches:
-            if self.mode == "cute":
-                if part.workspace is None:
-                    part.fn(views)
-                else:
-                    part.fn(views, *part.extra_args(self.device))
-            else:
-                _run_on_torch(part, views)
+            self._launch(part, views)
         self.finish(env)
         return True
+
+    def _launch(self, part: _Part, views) -> None:
+        if self.mode != "cute":
+            _run_on_torch(part, views)
+        elif part.workspace is None:
+            part.fn(views)
+        else:
+            part.fn(views, *part.extra_args(self.device))
 
     def part_views(self, part: _Part, env):
         """Allocate ``part``'s outputs into ``env`` and return the operand views of one

@@ -20,6 +20,7 @@ from thunder_fuser.kernels.segment_kernel import SegmentKernel, launch_group
 from thunder_fuser.ir.region import Region, Value
 from thunder_fuser.layout import dim_provenance, infer_allocation_orders, stride_order, strides_for_order
 from thunder_fuser.segment import Segment, schedule_segments
+from thunder_fuser.segment.schedule import Schedule
 
 _UNSET = object()
 
@@ -74,10 +75,10 @@ class Plan:
     segments: list[Segment]
     orders: dict[int, tuple[int, ...]]
     kinds: dict[int, str]
+    schedule: Schedule  # computed once per plan, not per call
     error: str | None = None
     out_strides: list = field(default_factory=list)
     written_inputs: tuple[int, ...] = ()
-    schedule: object = None  # computed once per plan, not per call
     kernels: dict = field(default_factory=dict)  # segment index -> SegmentKernel, or None: reference
     groups: dict = field(default_factory=dict)  # first segment index of a step -> LaunchGroup, or None
     apart: dict = field(default_factory=dict)  # first segment index of a step -> why it launches apart
@@ -181,9 +182,10 @@ class Plan:
         self.input_ids = tuple(id(v) for v in self.region.inputs)
         self.output_recipe = tuple((id(o), s) for o, s in zip(self.region.outputs, self.out_strides))
         # per step: its segments, and the ids of the values no later step reads
-        free_after = self.schedule.free_after if self.schedule is not None else {}
-        steps = self.schedule.steps if self.schedule is not None else ()
-        self.step_frees = tuple((step, tuple(id(v) for seg in step for v in free_after.get(seg.index, ()))) for step in steps)
+        free_after = self.schedule.free_after
+        self.step_frees = tuple(
+            (step, tuple(id(v) for seg in step for v in free_after.get(seg.index, ()))) for step in self.schedule.steps
+        )
 
 
 def build_plan(region: Region, segments: list[Segment], args) -> Plan:
@@ -208,9 +210,7 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     ]
     written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
     debug.dump("layout", lambda: _layout_text(region, in_orders, orders, kinds))
-    return Plan(
-        region, segments, orders, kinds, error, out_strides, written_inputs, schedule_segments(region, segments)
-    )
+    return Plan(region, segments, orders, kinds, schedule_segments(region, segments), error, out_strides, written_inputs)
 
 
 def _layout_text(region, in_orders, orders, kinds) -> str:
