@@ -13,8 +13,9 @@ import torch
 
 from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
 from helpers import (
-    check_a_misaligned_call_runs_a_shared_launch_apart, check_batch_norm_backward, check_layernorm_backward,
-    check_vs_eager, check_vs_float64, plans, three_shapes, TWO_LEVEL_RESIZES,
+    CREATION_CASES, causal_attention, causal_mask_scores, check_a_misaligned_call_runs_a_shared_launch_apart,
+    check_batch_norm_backward, check_gradients, check_layernorm_backward, check_vs_eager, check_vs_float64, plans,
+    three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import segment_kernel
@@ -204,6 +205,28 @@ def test_pieces_shifted_along_two_dims_or_twice_along_one(name, dtype):
     """Pad of H and W, pad of a cat, cat of pads, one tensor as two pieces."""
     fn, shapes = TWO_LEVEL_RESIZES[name]
     run_without_fallback(fn, *[_randn(*s, dtype=dtype) for s in shapes])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", CREATION_CASES)
+def test_iota_and_full_in_kernels(name, dtype):
+    """iota read as a plan-built operand, full as a number; bool and int64 loads, bool stores."""
+    fn, shapes = CREATION_CASES[name]
+    run_without_fallback(fn, *[_randn(*s, dtype=dtype) for s in shapes])
+
+
+@pytest.mark.parametrize("n", [1000, 4097])
+def test_causal_softmax_rows(n):
+    run_without_fallback(lambda s: torch.softmax(causal_mask_scores(s), -1), _randn(1, 2, n, n, dtype=torch.bfloat16))
+
+
+def test_causal_attention_forward_and_backward_on_kernels():
+    """Without sdpa_ex thunder decomposes causal SDPA: every fuser segment, forward and
+    backward, runs a kernel."""
+    q, k, v = (_randn(2, 8, 256, 64) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        check_gradients(causal_attention, q, [k, v], atol=1e-3, require_kernels=True)
 
 
 def test_copy_to_out_writes_in_place():

@@ -15,8 +15,9 @@ from benchmarks.workloads import (
     GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
 from helpers import (
-    check_a_misaligned_call_runs_a_shared_launch_apart, check_batch_norm_backward, check_layernorm_backward, check_vs_eager,
-    plans, three_shapes, TWO_LEVEL_RESIZES,
+    CREATION_CASES, causal_attention, causal_mask_scores, check_a_misaligned_call_runs_a_shared_launch_apart,
+    check_batch_norm_backward, check_gradients, check_layernorm_backward, check_vs_eager, plans, three_shapes,
+    TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import explain, fuser_ex
 from thunder_fuser.kernels import backend, segment_kernel
@@ -84,6 +85,30 @@ def test_lowered_programs_compute_what_the_reference_does(torch_kernels, name):
     kinds = _kernels(jfn)
     assert kinds and all(k is not None for kind, k in kinds if kind != "view"), kinds
 
+
+@pytest.mark.parametrize("name", CREATION_CASES)
+def test_iota_and_full_run_in_kernels(torch_kernels, name):
+    """A causal mask, a tril of ones, constant and bool outputs: no segment falls back."""
+    fn, shapes = CREATION_CASES[name]
+    jfn, _ = check_vs_eager(fn, *[_r(*s) for s in shapes])
+    kinds = _kernels(jfn)
+    assert kinds and all(k is not None for kind, k in kinds if kind != "view"), kinds
+
+
+def test_a_causal_mask_is_read_as_two_iota_vectors_never_stored(torch_kernels):
+    """The kernel reads each iota once per plan-built ``[s]`` vector and compares per element."""
+    s = _r(2, 4, 64, 64)
+    jfn, _ = check_vs_eager(lambda x: torch.softmax(causal_mask_scores(x), -1), s)
+    (kind, k), = _kernels(jfn)
+    loads = [ld.source for p in k.parts for ld in p.prog.loads]
+    assert sorted((v.dtype, v.numel) for v in loads if v.dtype == torch.int64) == [(torch.int64, 64)] * 2, loads
+    assert [st.target.dtype for p in k.parts for st in p.prog.stores] == [torch.float32]
+
+
+def test_causal_attention_forward_and_backward_run_on_kernels(torch_kernels):
+    """Without sdpa_ex thunder decomposes causal SDPA; its softmax segments all lower."""
+    q, k, v = (_r(2, 4, 33, 16) for _ in range(3))
+    check_gradients(causal_attention, q, [k, v], require_kernels=True)
 
 def test_row_store_of_a_broadcast_value_writes_the_whole_row(torch_kernels):
     """layernorm's forward saves ``rstd`` broadcast to [n, d]: stored over the whole row."""
@@ -234,6 +259,13 @@ FAMILIES = {
     ),
     "resize, pad of H and W (a select along an outer dim and one along the vector dim)": _two_level("pad of H and W (NCHW)"),
     "resize, pad of a cat (nested selects along one dim)": _two_level("pad of a cat"),
+    "normalization over a causal iota mask (int64 operands, bool logic and stores; bf16)": (
+        CREATION_CASES["causal mask from arange (softmax; the mask and its negation returned)"][0],
+        lambda: (_r(2, 4, 100, 100, dtype=torch.bfloat16),),
+    ),
+    "pointwise bool and constant stores": (
+        CREATION_CASES["bool and constant outputs (where, zeros_like + 1, full_like, arange)"][0], lambda: (_r(33, 1000),)
+    ),
     "resize along an outer dim (cat, bf16)": (
         lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))
     ),

@@ -118,6 +118,7 @@ BINARY_MATH = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
     "pow": _pow, "maximum": _maximum, "minimum": _minimum, "atan2": cute.math.atan2,
 }
+BITWISE = {"bitwise_and": operator.and_, "bitwise_or": operator.or_, "bitwise_xor": operator.xor}
 COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
            "gt": operator.gt, "ge": operator.ge}
 
@@ -144,6 +145,12 @@ def apply_op(e: Op, args, arg_dtypes):
             cd = torch.promote_types(cd, d)
         cd = _compute_dtype(cd)
         return COMPARE[op](_cast(args[0], cd), _cast(args[1], cd))
+    if op in BITWISE or op == "bitwise_not":  # bool or integer operands, the output's dtype
+        if out.is_floating_point:
+            raise Unsupported(f"{op} on {out}")
+        if op == "bitwise_not":  # no ~ on vectors: xor with all ones
+            return _cast(args[0], out) ^ (True if out == torch.bool else -1)
+        return BITWISE[op](_cast(args[0], out), _cast(args[1], out))
     if op == "where":
         cd = _compute_dtype(out)
         return _cast(cute.where(args[0], _cast(args[1], cd), _cast(args[2], cd)), out)

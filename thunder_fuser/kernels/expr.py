@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from thunder_fuser.ir.ops import METADATA, POINTWISE, REDUCTION
+from thunder_fuser.kernels.constants import Iotas, fill_number, find_iotas, number_op
 from thunder_fuser.ir.region import Node, Value
 from thunder_fuser.segment import Segment
 from thunder_fuser.segment.segmenter import seg_kind
@@ -117,19 +118,23 @@ _SUPPORTED_POINTWISE = frozenset(POINTWISE) - {"full", "iota"}
 _SUPPORTED_REDUCTIONS = frozenset(("sum", "amax", "amin", "prod", "var", "var_mean"))
 
 
-def lower_segment(seg: Segment) -> list[Program]:
+def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
     """The programs of a pointwise, reduction, normalization or resize segment: one per
     shape of the values it stores (a segment may fuse siblings of different shapes, such as
-    the RoPE of q and of k), each a kernel launch."""
+    the RoPE of q and of k), each a kernel launch. ``iotas`` (``constants.find_iotas``)
+    are read as operands, computed once per plan."""
     if seg.kind in ("pointwise", "transpose", "resize"):
         family = "pointwise"
     elif seg.kind in ("reduction", "normalization"):
         family = "rows"
     else:
         raise Unsupported(f"no kernel template for a {seg.kind} segment")
-    lw = _Lowering(seg)
+    iotas = iotas or find_iotas(seg.nodes, seg.outputs)
+    lw = _Lowering(seg, iotas)
+    skip = {id(n) for n in iotas.nodes}
     for node in seg.nodes:
-        lw.node(node)
+        if id(node) not in skip:
+            lw.node(node)
     views = {id(o) for n in alias_views(seg) for o in n.outputs}
     stores = []
     for o in seg.outputs:
@@ -137,7 +142,7 @@ def lower_segment(seg: Segment) -> list[Program]:
             continue
         if not o.is_tensor:
             raise Unsupported(f"output {o.name} is a number")
-        e = lw.env[id(o)]
+        e = lw.value(o)
         stores.append(Store(o, e, is_row=is_row(e)))
     stores.extend(lw.store_writes)
     for st in stores:  # a row value stored over the whole domain (a saved broadcast) is a full store
@@ -278,8 +283,9 @@ def _collect_loads(prog: Program) -> None:
 
 
 class _Lowering:
-    def __init__(self, seg: Segment):
+    def __init__(self, seg: Segment, iotas: Iotas):
         self.seg = seg
+        self.iota_operands = iotas.operands
         self.env: dict[int, object] = {}
         self.writes: set[int] = set()
         self.store_writes: list[Store] = []
@@ -300,6 +306,7 @@ class _Lowering:
             return self.env[id(v)]
         if not v.is_tensor:
             raise Unsupported(f"{v.name} is a number known only at run time")
+        v = self.iota_operands.get(id(v), v)
         leaf = self._leaves.get(id(v))
         if leaf is None:
             leaf = self._leaves[id(v)] = Load(v, row=tuple(v.shape) in self.row_shapes)
@@ -315,7 +322,9 @@ class _Lowering:
                 raise Unsupported(f"{op} with sequence arguments")
             # convert_element_type's second argument is the dtype: the node's output says it
             args = tuple(self.value(a) for a in (node.args[:1] if op == "convert_element_type" else node.args))
-            self.env[id(out)] = Op(op, args, out.dtype)
+            self.env[id(out)] = number_op(node, args) if all(map(_is_number, args)) else Op(op, args, out.dtype)
+        elif op == "full" and fill_number(node) is not None:
+            self.env[id(out)] = fill_number(node)
         elif op in REDUCTION and seg_kind(node) == "view" and op != "var_mean":
             self.squeeze(node)
         elif op in REDUCTION:

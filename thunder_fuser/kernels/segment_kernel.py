@@ -13,6 +13,7 @@ import torch
 
 from thunder_fuser.backends import reference
 from thunder_fuser.kernels import cache
+from thunder_fuser.kernels.constants import find_iotas
 from thunder_fuser.kernels.expr import (
     Program, Unsupported, alias_views, lower_segment, reductions_in_order, render, split_at_reductions,
 )
@@ -46,7 +47,9 @@ class SegmentKernel:
     def __init__(self, seg, orders: dict, mode: str):
         self.seg = seg
         self.mode = mode
-        self.parts = [_Part(p) for p in lower_segment(seg)]  # raises Unsupported
+        self.iotas = find_iotas(seg.nodes, seg.outputs)
+        self.parts = [_Part(p) for p in lower_segment(seg, self.iotas)]  # raises Unsupported
+        self.constants: dict = {}  # the iota operands (evaluated once, at ``prepare``)
         self.post_views = alias_views(seg)  # outputs that are views: made by torch after the launches
         self.orders = orders
         self.write_outs: list = []  # (node output value, dst value) pairs
@@ -58,7 +61,9 @@ class SegmentKernel:
         written = {id(n.written) for n in writes}
         self.write_outs = [(n.output, n.written) for n in writes]
         self.device = device
+        self.constants = self.iotas.evaluate()
         env = dict(env)  # later parts read what earlier ones store (a split's temporaries)
+        env.update(self.constants)
         pending, self.parts = list(self.parts), []
         while pending:
             part = pending.pop(0)
@@ -139,6 +144,8 @@ class SegmentKernel:
     def part_views(self, part: _Part, env):
         """Allocate ``part``'s outputs into ``env`` and return the operand views of one
         launch; None when a base pointer no longer allows the compiled vector width."""
+        if self.constants:
+            env.update(self.constants)
         stores = _allocate(part.store_recipe, env, self.device)
         if FILL_NAN:
             _fill_nan(part, stores)
