@@ -1,9 +1,10 @@
 """Where the host time of one small region call goes (dev aid; run on the GPU machine).
 
 Prints microseconds per call, each from the wall clock of many back-to-back calls, for the
-pieces of a region call: thunder's call, our runner, the plan's run, the segment's run, the
-bare TVM-FFI kernel call, and the torch pieces the run makes (allocation, as_strided), beside
-one eager op; last, the runner with its launch replaced by a no-op (our dispatch alone)."""
+pieces of a region call: thunder's call, our runner (its generated straight-line code,
+``runtime/straight_line.py``), the general path (``Plan.run``), the segment's run, the bare
+TVM-FFI kernel call, and the torch pieces a call makes (allocation, as_strided), beside one
+eager op; last, both paths with the launch replaced by a no-op (our dispatch alone)."""
 import thunder_fuser  # noqa: F401
 import thunder
 import torch
@@ -11,7 +12,9 @@ import torch
 from benchmarks.timing import host_us
 from benchmarks.workloads import gelu_bias
 from thunder_fuser import fuser_ex
+from thunder_fuser.runtime.plan import spec_key
 from thunder_fuser.runtime.region_runner import RegionRunner
+from thunder_fuser.runtime.straight_line import straight_line
 
 
 def main():
@@ -27,6 +30,7 @@ def main():
     RegionRunner.__call__ = rec
     j = thunder.jit(gelu_bias, executors=[fuser_ex])
     j(x, b)
+    j(x, b)  # the second call runs the straight-line code written after the first
     RegionRunner.__call__ = orig
     runner, args = seen[-1]
     plan = runner.plan_for(args)
@@ -44,8 +48,8 @@ def main():
         ("eager x + 1", lambda: x + 1),
         ("eager gelu(x + b)", lambda: gelu_bias(x, b)),
         ("thunder + fuser call", lambda: j(x, b)),
-        ("region runner", lambda: runner(*args)),
-        ("plan.run", lambda: plan.run(args)),
+        ("region runner (straight-line)", lambda: runner(*args)),
+        ("general path (plan.run)", lambda: plan.run(args)),
         ("segment kernel run", lambda: k.run(dict(env))),
         ("bare TVM-FFI kernel call", lambda: part.fn(views)),
         ("torch.empty_strided", lambda: torch.empty_strided((8, 64), (64, 1), **bf)),
@@ -55,10 +59,13 @@ def main():
     print("host us per call")
     for name, fn in rows:
         print(f"  {name:28s} {host_us(fn, (), 2000):7.1f}")
-    # our dispatch alone: the same runner with the launch replaced by a no-op
+    # our dispatch alone: both paths with the launch replaced by a no-op
     launch, part.fn = part.fn, lambda views: None
     try:
-        print(f"  {'region runner, no launch':28s} {host_us(lambda: runner(*args), (), 2000):7.1f}")
+        fast = straight_line(plan, spec_key(args))
+        assert runner.fast is not None and fast is not None
+        print(f"  {'straight-line, no launch':28s} {host_us(lambda: fast(args), (), 2000):7.1f}")
+        print(f"  {'general path, no launch':28s} {host_us(lambda: plan.run(args), (), 2000):7.1f}")
     finally:
         part.fn = launch
 

@@ -45,22 +45,29 @@ def tol(dtype):
 
 
 def _run_beside_eager(fn, args, executors=None, **kwargs):
-    """Jit ``fn`` and run it and eager on copies of ``args``; assert that every input ends
-    as eager leaves it. Returns the jitted function and both results."""
+    """Jit ``fn`` and run eager once and it twice, each on fresh copies of ``args`` (the
+    second call runs a region's generated straight-line code, ``runtime/straight_line.py``);
+    assert that every input ends as eager leaves it. Returns the jitted function, its two
+    results and eager's."""
     jfn = thunder.jit(fn, executors=executors or [fuser_ex])
-    ours, theirs = clone_args(args), clone_args(args)
-    got = jfn(*ours, **kwargs)
-    expected = fn(*theirs, **kwargs)
-    for a, b in zip(_tensors(ours), _tensors(theirs)):
-        torch.testing.assert_close(a, b, equal_nan=True, **_tol_of(b))
-    return jfn, got, expected
+    theirs = clone_args(args)
+    gots = []
+    for call in range(2):
+        ours = clone_args(args)
+        gots.append(jfn(*ours, **kwargs))
+        if call == 0:
+            expected = fn(*theirs, **kwargs)
+        for a, b in zip(_tensors(ours), _tensors(theirs)):
+            torch.testing.assert_close(a, b, equal_nan=True, **_tol_of(b))
+    return jfn, gots, expected
 
 
 def check_vs_eager(fn, *args, executors=None, **kwargs):
-    """Jit ``fn``, run it and eager on copies of ``args``; assert outputs and inputs match."""
-    jfn, got, expected = _run_beside_eager(fn, args, executors, **kwargs)
-    torch.testing.assert_close(got, expected, equal_nan=True, **_tol_of(expected))
-    return jfn, got
+    """Jit ``fn``, run it (twice) and eager on copies of ``args``; assert outputs and inputs match."""
+    jfn, gots, expected = _run_beside_eager(fn, args, executors, **kwargs)
+    for got in gots:
+        torch.testing.assert_close(got, expected, equal_nan=True, **_tol_of(expected))
+    return jfn, gots[-1]
 
 
 def check_vs_float64(fn, *args):
@@ -68,14 +75,15 @@ def check_vs_float64(fn, *args):
     than the default tolerance: each output must pass ``assert_as_near_float64`` (a sum of
     131k fp32 values near 360 has an ulp of 3e-5, above the fp32 tolerance: eager's error
     there was 1.5 ulps and ours 3.5 in one H100 run), and inputs must end as eager leaves them."""
-    jfn, got, expected = _run_beside_eager(fn, args)
-    got, expected = _as_list(got), _as_list(expected)
+    jfn, gots, expected = _run_beside_eager(fn, args)
+    expected = _as_list(expected)
     wide = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
     exact = _as_list(fn(*wide))
-    assert len(got) == len(expected) == len(exact)
-    for i, (g, e, x) in enumerate(zip(got, expected, exact)):
-        assert_as_near_float64(g, e, x, f"output {i}")
-    return jfn, got
+    for got in map(_as_list, gots):
+        assert len(got) == len(expected) == len(exact)
+        for i, (g, e, x) in enumerate(zip(got, expected, exact)):
+            assert_as_near_float64(g, e, x, f"output {i}")
+    return jfn, gots[-1]
 
 
 def assert_as_near_float64(got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor, what: str) -> None:

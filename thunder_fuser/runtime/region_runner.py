@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from thunder_fuser.ir.region import Region
 from thunder_fuser.runtime.plan import Plan, build_plan, spec_key
+from thunder_fuser.runtime.straight_line import straight_line
 from thunder_fuser.segment import Segment
 
 
@@ -13,6 +14,10 @@ class RegionRunner:
         self.segments = segments
         self.plans: dict[tuple, Plan] = {}
         self.__name__ = region.name
+        # the first plan's calls as generated straight-line code (``straight_line``), written
+        # after its first call; it returns None for a call it does not fit
+        self.fast = None
+        self.fast_tried = False
 
     def plan_for(self, args) -> Plan:
         key = spec_key(args)
@@ -22,5 +27,15 @@ class RegionRunner:
         return plan
 
     def __call__(self, *args):
-        plan = self.plans.get(spec_key(args))
-        return (plan or self.plan_for(args)).run(args)
+        fast = self.fast
+        if fast is not None:
+            out = fast(args)
+            if out is not None:
+                return out
+        key = spec_key(args)
+        plan = self.plans.get(key) or self.plan_for(args)
+        out = plan.run(args)
+        if not self.fast_tried:
+            self.fast_tried = True
+            self.fast = straight_line(plan, key)
+        return out

@@ -1,0 +1,125 @@
+"""A plan's generated straight-line code (``runtime/straight_line.py``): what it says, that
+every call it does not fit (new strides, a misaligned pointer, a leaf requiring grad) takes
+the general path before anything runs, and that it frees what the schedule frees.
+``helpers.check_vs_eager`` calls every jitted function twice, so the whole suite runs the
+second call through this code as well."""
+
+from __future__ import annotations
+
+import pytest
+import thunder
+import torch
+
+from benchmarks.workloads import adam_step, gelu_bias, layernorm
+from helpers import check_vs_eager
+from thunder_fuser import fuser_ex
+from thunder_fuser.runtime.region_runner import RegionRunner
+
+
+@pytest.fixture
+def torch_kernels(monkeypatch):
+    monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
+
+
+def _runners(jfn) -> list[RegionRunner]:
+    trace = thunder.last_traces(jfn)[-1]
+    return [v for v in trace.python_ctx().values() if isinstance(v, RegionRunner)]
+
+
+def _count_general_calls(runner: RegionRunner) -> list:
+    """Wrap the runner's generated function: the list records each call it declined."""
+    declined = []
+    fast = runner.fast
+
+    def counting(args):
+        out = fast(args)
+        if out is None:
+            declined.append(1)
+        return out
+
+    runner.fast = counting
+    return declined
+
+
+GELU_SOURCE = """\
+def run(args):
+    a0, a1 = args
+    if (a0.stride() != s5
+            or a1.stride() != s6
+            or a1.data_ptr() % 16 != 0
+            or a0.data_ptr() % 16 != 0):
+        return None
+    t1 = empty_strided((8, 64), (64, 1), dtype=dt7, device=dev8)
+    run_on_torch(part9, (a1, a0.as_strided((8, 64), (0, 1), a0.storage_offset()), t1, ))
+    return [t1]
+"""
+
+
+def test_gelu_source_reads_as_the_call_it_makes(torch_kernels):
+    """Guards first (strides, then vector alignment), then one allocation, one view of the
+    broadcast bias and one launch; constants (strides, dtype, device, the kernel) are globals."""
+    jfn, _ = check_vs_eager(gelu_bias, torch.randn(8, 64), torch.randn(64))
+    (runner,) = _runners(jfn)
+    assert runner.fast.source == GELU_SOURCE
+    assert runner.fast.__globals__["s5"] == (1,) and runner.fast.__globals__["s6"] == (64, 1)
+
+
+def test_new_strides_and_misaligned_pointers_take_the_general_path(torch_kernels):
+    x, b = torch.randn(8, 64), torch.randn(64)
+    jfn, _ = check_vs_eager(gelu_bias, x, b)
+    (runner,) = _runners(jfn)
+    declined = _count_general_calls(runner)
+    torch.testing.assert_close(jfn(x, b), gelu_bias(x, b))
+    assert declined == []
+    xt = torch.randn(64, 8).t()  # new strides: a second plan
+    torch.testing.assert_close(jfn(xt, b), gelu_bias(xt, b))
+    assert declined == [1] and len(runner.plans) == 2
+    xm = torch.randn(8 * 64 + 1)[1:].view(8, 64)  # 4 bytes past a 16-byte boundary
+    torch.testing.assert_close(jfn(xm, b), gelu_bias(xm, b))
+    assert declined == [1, 1]
+    torch.testing.assert_close(jfn(x, b), gelu_bias(x, b))
+    assert declined == [1, 1]
+
+
+def test_in_place_update_of_a_leaf_requiring_grad_still_raises():
+    def f(a):
+        a.mul_(2)
+        return a
+
+    jfn = thunder.jit(f, executors=[fuser_ex])
+    a = torch.randn(3)
+    jfn(a)
+    jfn(a)
+    (runner,) = _runners(jfn)
+    assert runner.fast is not None
+    leaf = torch.randn(3, requires_grad=True)
+    before = leaf.detach().clone()
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        jfn(leaf)
+    torch.testing.assert_close(leaf.detach(), before)
+
+
+@pytest.mark.parametrize("mode", ["torch", "off"])
+def test_every_benchmark_shaped_region_gets_straight_line_code(monkeypatch, mode):
+    """With kernels (run by torch) or with every segment on the reference backend."""
+    monkeypatch.setenv("THUNDER_FUSER_KERNELS", mode)
+    cases = [
+        (gelu_bias, (torch.randn(8, 64), torch.randn(64))),
+        (layernorm, (torch.randn(8, 64), torch.randn(64), torch.randn(64))),
+        (adam_step, tuple([torch.randn(64), torch.randn(3, 5)] for _ in range(4))),
+    ]
+    for fn, args in cases:
+        jfn, _ = check_vs_eager(fn, *args)
+        assert all(r.fast is not None for r in _runners(jfn)), fn.__name__
+
+
+def test_the_schedule_frees_intermediates_as_the_call_goes(torch_kernels):
+    """A region of several steps deletes an intermediate after its last reader."""
+
+    def f(x):
+        s = torch.softmax(x, -1)
+        return (s * 2).sum(0) + 1
+
+    jfn, _ = check_vs_eager(f, torch.randn(16, 32))
+    sources = [r.fast.source for r in _runners(jfn)]
+    assert any("\n    del t" in src for src in sources), sources

@@ -1,0 +1,265 @@
+"""A plan's per-call work as one generated Python function, with no interpretation left.
+
+``Plan.run`` walks the schedule, looks kernels up, keeps every value in a dict and checks
+each launch's pointers: about 7 us of Python per small call on the H100 host, on top of the
+launch itself (``scripts/host_probe.py``). After a plan's first call every decision is
+made, so the runner writes the call out as straight-line code, the way thunder writes a
+trace as a Python program: locals instead of the dict, allocations with their shapes,
+strides and dtypes as constants, a view only where an operand is not its tensor as it is,
+each launch, ``del`` where the schedule frees a value, and the outputs.
+
+Whatever could differ between calls is checked first, before anything runs: the input
+strides (the plan's key) and the alignment of the input pointers the kernels' vector
+accesses assume. If either fails the function returns None and the runner takes the
+general path, which handles any call, so nothing has been launched or written twice.
+A plan whose first call left something unresolved, that writes an input in place while
+grad mode records, or that reads a pointer the top cannot check, gets no function.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from thunder_fuser.backends import reference
+from thunder_fuser.kernels import segment_kernel
+from thunder_fuser.kernels.segment_kernel import LaunchGroup, SegmentKernel
+
+
+class _Unfit(Exception):
+    """The plan needs the general path (the reason is for tests and debugging)."""
+
+
+def straight_line(plan, key: tuple):
+    """The generated function ``run(args) -> list | None`` for ``plan`` (built for the
+    input strides ``key``, ``plan.spec_key``), or None."""
+    try:
+        return _Writer(plan, key).function()
+    except _Unfit:
+        return None
+
+
+class _Writer:
+    def __init__(self, plan, key: tuple):
+        self.plan, self.key = plan, key
+        self.count = 0
+        self.glob = {"empty_strided": torch.empty_strided, "run_nodes": reference.run_nodes, "nan": math.nan,
+                     "run_on_torch": segment_kernel._run_on_torch, "conform": _conform_output}
+        self.body: list[str] = []
+        self.names: dict[int, str] = {}  # value id -> the expression that holds it
+        self.owners: dict[str, set] = {}  # a generated local -> the value ids it holds
+        self.fresh: dict[int, tuple] = {}  # value id -> strides, for what the code allocates
+        self.args: dict[int, int] = {}  # value id of a tensor argument -> its index
+        self.checks: list[str] = []
+
+    def const(self, obj, hint: str = "c") -> str:
+        name = f"{hint}{len(self.glob)}"
+        self.glob[name] = obj
+        return name
+
+    def fresh_name(self, hint: str) -> str:
+        self.count += 1
+        return f"{hint}{self.count}"
+
+    def local(self, vid: int, hint: str = "t") -> str:
+        name = self.fresh_name(hint)
+        self.names[vid] = name
+        self.owners[name] = {vid}
+        return name
+
+    def alias(self, vid: int, of: int) -> None:
+        self.names[vid] = self.names[of]
+        if self.names[of] in self.owners:
+            self.owners[self.names[of]].add(vid)
+
+    def function(self):
+        plan = self.plan
+        region = plan.region
+        if plan.error is not None:
+            raise _Unfit("the plan raises")
+        params = []
+        for i, v in enumerate(region.inputs):
+            name = f"a{i}"
+            params.append(name)
+            self.names[id(v)] = name
+            if v.is_tensor:
+                self.args[id(v)] = i
+        guards = [
+            f"{self.names[id(v)]}.stride() != {self.const(key_part, 's')}"
+            for v, key_part in zip(region.inputs, self.key) if key_part is not None
+        ]
+        if region.grad_enabled:  # the general path raises for a leaf that requires grad
+            guards += [f"a{i}.requires_grad" for i in plan.written_inputs]
+        for step, frees in plan.step_frees:
+            self.step(step)
+            self.free(frees)
+        outs = [self.output(oid, strides) for oid, strides in plan.output_recipe]
+        head = [f"def run(args):", f"    {', '.join(params)}{',' if len(params) == 1 else ''} = args"]
+        guards += [f"{self.names[vid]}.data_ptr() % {align} != {rest}" for vid, align, rest in dict.fromkeys(self.checks)]
+        if guards:
+            head.append("    if (" + "\n            or ".join(guards) + "):\n        return None")
+        src = "\n".join(head + ["    " + line for line in self.body] + [f"    return [{', '.join(outs)}]"]) + "\n"
+        code = compile(src, f"<thunder_fuser {region.name}>", "exec")
+        exec(code, self.glob)  # host code only: kernels are CuTe DSL modules, built elsewhere
+        fn = self.glob["run"]
+        fn.source = src
+        return fn
+
+    # ---- steps --------------------------------------------------------------------------
+    def step(self, step: list) -> None:
+        plan = self.plan
+        if len(step) > 1:
+            if step[0].index not in plan.groups:
+                raise _Unfit(f"step of segment {step[0].index} has not run yet")
+            if isinstance(plan.groups[step[0].index], LaunchGroup):
+                self.group(plan.groups[step[0].index])
+                return
+        for seg in step:
+            if seg.index not in plan.kernels:
+                raise _Unfit(f"segment {seg.index} has not run yet")
+            k = plan.kernels[seg.index]
+            if k is None:
+                self.reference(seg.nodes)
+            else:
+                self.kernel(k)
+
+    def kernel(self, k: SegmentKernel) -> None:
+        for part in k.parts:
+            views = self.part_views(k, part)
+            self.launch(k, part, views)
+        self.finish(k)
+
+    def group(self, g: LaunchGroup) -> None:
+        calls = [self.part_views(k, part) for k, part in zip(g.kernels, g.parts)]
+        if g.fn is not None:
+            self.body.append(f"{self.const(g.fn, 'group')}(({''.join(c + ', ' for c in calls)}))")
+        else:
+            for part, views in zip(g.parts, calls):
+                self.body.append(f"run_on_torch({self.const(part, 'part')}, {views})")
+        for k in g.kernels:
+            self.finish(k)
+
+    def part_views(self, k: SegmentKernel, part) -> str:
+        """Allocate the part's stores; the tuple of its operand views (an expression)."""
+        for vid, t in k.constants.items():  # iota operands, built with the plan
+            self.names.setdefault(vid, self.const(t, "iota"))
+        stores = []
+        for (target, alloc), a in zip(part.store_recipe, part.allocs):
+            if alloc is None:  # an in-place write: into the tensor the destination holds
+                if target not in self.names:
+                    raise _Unfit("an in-place destination the code does not hold")
+                stores.append(target)
+                continue
+            name = self.local(target)
+            shape, strides, dtype = alloc
+            self.body.append(
+                f"{name} = empty_strided({shape}, {strides}, dtype={self.const(dtype, 'dt')}, "
+                f"device={self.const(k.device, 'dev')})"
+            )
+            if segment_kernel.FILL_NAN and dtype.is_floating_point:
+                self.body.append(f"{name}.fill_(nan)")
+            self.fresh[target] = strides
+            stores.append(target)
+        bases = [stores[i] if from_store else i for from_store, i in part.base_refs]
+        for b, off, align in part.checks:
+            self.check(bases[b], off, align, k)
+        views = []
+        for b, v in part.geo.call_views:
+            vid = bases[b]
+            if vid not in self.names:
+                raise _Unfit("an operand the code does not hold")
+            name = self.names[vid]
+            if v is None:
+                views.append(name)
+            elif vid in self.fresh:
+                views.append(f"{name}.as_strided({v[0]}, {v[1]}, {v[2]})")  # fresh: storage offset 0
+            else:
+                at = f"{name}.storage_offset()" + (f" + {v[2]}" if v[2] else "")
+                views.append(f"{name}.as_strided({v[0]}, {v[1]}, {at})")
+        return "(" + "".join(x + ", " for x in views) + ")"
+
+    def check(self, vid: int, byte_offset: int, align: int, k: SegmentKernel) -> None:
+        """A base pointer's vector alignment: checked up front for an argument, known now
+        for what the code allocates or the plan holds; anything else needs the general path."""
+        if vid in self.args:
+            self.checks.append((vid, align, -byte_offset % align))
+        elif vid in self.fresh:
+            if byte_offset % align:
+                raise _Unfit("a fresh allocation read at a misaligned offset")
+        elif vid in k.constants:
+            if (k.constants[vid].data_ptr() + byte_offset) % align:
+                raise _Unfit("a misaligned constant")
+        else:
+            raise _Unfit("a pointer only known after a launch")
+
+    def launch(self, k: SegmentKernel, part, views: str) -> None:
+        if k.mode != "cute":
+            self.body.append(f"run_on_torch({self.const(part, 'part')}, {views})")
+        elif part.workspace is None:
+            self.body.append(f"{self.const(part.fn, 'kernel')}({views})")
+        else:
+            ws = f"empty_strided({part.workspace}, {_contiguous(part.workspace)}, dtype={self.const(torch.float32, 'dt')}, device={self.const(k.device, 'dev')})"
+            self.body.append(f"{self.const(part.fn, 'kernel')}({views}, {ws}, {part.rows_per_split})")
+
+    def finish(self, k: SegmentKernel) -> None:
+        for out, dst in k.write_outs:
+            self.alias(id(out), id(dst))
+        if k.post_views:
+            self.reference(k.post_views)
+
+    def reference(self, nodes) -> None:
+        """Nodes torch runs (a view segment, a segment no kernel covers): through a small
+        dict, as ``Plan.run`` does."""
+        made = {id(o) for n in nodes for o in n.outputs}
+        reads = {id(v): v for n in nodes for v in n.inputs() if id(v) not in made}
+        for vid in reads:
+            if vid not in self.names:
+                raise _Unfit("a value the code does not hold")
+        env = self.fresh_name("env")
+        entries = ", ".join(f"{vid}: {self.names[vid]}" for vid in reads)
+        self.body.append(f"{env} = {{{entries}}}")
+        self.body.append(f"run_nodes({self.const(list(nodes), 'nodes')}, {env})")
+        for vid in made:
+            name = self.local(vid)
+            self.body.append(f"{name} = {env}[{vid}]")
+        self.body.append(f"del {env}")
+
+    def free(self, frees) -> None:
+        gone = []
+        for vid in frees:
+            name = self.names.pop(vid, None)
+            owners = self.owners.get(name)
+            if owners is None:
+                continue
+            owners.discard(vid)
+            if not owners:
+                del self.owners[name]
+                gone.append(name)
+        if gone:
+            self.body.append(f"del {', '.join(gone)}")
+
+    def output(self, oid: int, strides) -> str:
+        name = self.names.get(oid)
+        if name is None:
+            raise _Unfit("an output the code does not hold")
+        if strides is None or self.fresh.get(oid) == strides:
+            return name
+        return f"conform({name}, {strides})"
+
+
+def _contiguous(shape) -> tuple:
+    strides, n = [], 1
+    for s in reversed(shape):
+        strides.append(n)
+        n *= s
+    return tuple(reversed(strides))
+
+
+def _conform_output(t, strides):
+    """An output in the layout the plan chose (``Plan.run`` does the same)."""
+    if isinstance(t, torch.Tensor) and t.stride() != strides:
+        out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+        out.copy_(t)
+        return out
+    return t
