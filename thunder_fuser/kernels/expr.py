@@ -322,7 +322,14 @@ class _Lowering:
                 raise Unsupported(f"{op} with sequence arguments")
             # convert_element_type's second argument is the dtype: the node's output says it
             args = tuple(self.value(a) for a in (node.args[:1] if op == "convert_element_type" else node.args))
-            self.env[id(out)] = number_op(node, args) if all(map(_is_number, args)) else Op(op, args, out.dtype)
+            if all(map(_is_number, args)):
+                self.env[id(out)] = number_op(node, args)
+            elif op == "where" and _is_number(args[0]):  # a constant condition (a full): one branch
+                e = args[1] if args[0] else args[2]
+                self.env[id(out)] = e if _is_number(e) or dtype_of(e) == out.dtype else Op(
+                    "convert_element_type", (e,), out.dtype)
+            else:
+                self.env[id(out)] = Op(op, args, out.dtype)
         elif op == "full" and fill_number(node) is not None:
             self.env[id(out)] = fill_number(node)
         elif op in REDUCTION and seg_kind(node) == "view" and op != "var_mean":

@@ -19,6 +19,7 @@ grad mode records, or that reads a pointer the top cannot check, gets no functio
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -31,12 +32,20 @@ class _Unfit(Exception):
     """The plan needs the general path (the reason is for tests and debugging)."""
 
 
+class StraightLineWarning(UserWarning):
+    """Writing a plan's code failed: its calls take the general path (the test suite makes
+    this an error, so such a bug fails CI rather than hiding)."""
+
+
 def straight_line(plan, key: tuple):
     """The generated function ``run(args) -> list | None`` for ``plan`` (built for the
     input strides ``key``, ``plan.spec_key``), or None."""
     try:
         return _Writer(plan, key).function()
     except _Unfit:
+        return None
+    except Exception as e:  # noqa: BLE001 - a writer bug must not fail the call
+        warnings.warn(f"{plan.region.name}: no straight-line code ({type(e).__name__}: {e})", StraightLineWarning)
         return None
 
 
@@ -95,7 +104,9 @@ class _Writer:
             self.step(step)
             self.free(frees)
         outs = [self.output(oid, strides) for oid, strides in plan.output_recipe]
-        head = [f"def run(args):", f"    {', '.join(params)}{',' if len(params) == 1 else ''} = args"]
+        head = ["def run(args):"]
+        if params:
+            head.append(f"    {', '.join(params)}{',' if len(params) == 1 else ''} = args")
         guards += [f"{self.names[vid]}.data_ptr() % {align} != {rest}" for vid, align, rest in dict.fromkeys(self.checks)]
         if guards:
             head.append("    if (" + "\n            or ".join(guards) + "):\n        return None")
