@@ -14,7 +14,7 @@ timeout "${1:-280}" python -m pytest -q -p no:cacheprovider -rfEs -m cuda tests/
   tests/test_cuda_workloads.py tests/test_layout.py > "$R/pytest.log" 2>&1; echo "pytest rc=$?"
 grep -E "passed|failed|^FAILED|^ERROR|^E  " "$R/pytest.log" | tail -30
 python examples/demo.py 2>&1 | tail -1
-timeout 60 python scripts/host_probe.py 2>&1 | tail -14
+timeout 60 python scripts/host_probe.py 2>&1 | tail -17
 timeout "${2:-240}" python -m benchmarks.run --out "$R/results" > "$R/results/stdout.txt" 2>&1; echo "suite rc=$?"
 python -m benchmarks.summary "$R/results" 2>&1 | head -40
 IFS=';' read -ra names <<< "${NCU:-}"

@@ -44,6 +44,7 @@ def main():
     stores = _allocate(part.store_recipe, env, k.device)
     bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
     views = views_for_call(part.geo, bases)
+    dev = x.device
     rows = [
         ("eager x + 1", lambda: x + 1),
         ("eager gelu(x + b)", lambda: gelu_bias(x, b)),
@@ -53,7 +54,10 @@ def main():
         ("segment kernel run", lambda: k.run(dict(env))),
         ("bare TVM-FFI kernel call", lambda: part.fn(views)),
         ("torch.empty_strided", lambda: torch.empty_strided((8, 64), (64, 1), **bf)),
+        ("torch.empty", lambda: torch.empty((8, 64), dtype=bf["dtype"], device=dev)),
+        ("x.new_empty", lambda: x.new_empty((8, 64))),
         ("one as_strided", lambda: x.as_strided((512,), (1,), 0)),
+        ("b.expand", lambda: b.expand(8, 64)),
         ("views_for_call", lambda: views_for_call(part.geo, bases)),
     ]
     print("host us per call")
