@@ -50,18 +50,36 @@ def run(args):
             or a0.data_ptr() % 16 != 0):
         return None
     t1 = empty_strided((8, 64), (64, 1), dtype=dt7, device=dev8)
-    run_on_torch(part9, (a1, a0.as_strided((8, 64), (0, 1), a0.storage_offset()), t1, ))
+    run_on_torch(part9, (a1, a0, t1, ))
     return [t1]
 """
 
 
 def test_gelu_source_reads_as_the_call_it_makes(torch_kernels):
-    """Guards first (strides, then vector alignment), then one allocation, one view of the
-    broadcast bias and one launch; constants (strides, dtype, device, the kernel) are globals."""
+    """Guards first (strides, then vector alignment), then one allocation and one launch;
+    the broadcast bias goes as it is (the launch function builds its view from the base,
+    ``Geometry.base_maps``); constants (strides, dtype, device, the kernel) are globals."""
     jfn, _ = check_vs_eager(gelu_bias, torch.randn(8, 64), torch.randn(64))
     (runner,) = _runners(jfn)
     assert runner.fast.source == GELU_SOURCE
     assert runner.fast.__globals__["s5"] == (1,) and runner.fast.__globals__["s6"] == (64, 1)
+
+
+def test_only_slices_and_merged_dims_need_a_view_per_call(torch_kernels):
+    """RoPE: cos and sin (broadcast over heads) go as they are; q's halves (slices at an
+    offset) and its heads merged with the batch still need an ``as_strided`` each."""
+    from benchmarks.workloads import rope
+
+    args = (torch.randn(2, 4, 16, 32), torch.randn(2, 2, 16, 32), torch.randn(16, 32), torch.randn(16, 32))
+    jfn, _ = check_vs_eager(rope, *args)
+    (runner,) = _runners(jfn)
+    launches = [line for line in runner.fast.source.splitlines() if "run_on_torch" in line]
+    assert len(launches) == 2
+    for line in launches:
+        operands = line[line.index("(", line.index(",")) + 1:].split(", ")
+        views = [o for o in operands if "as_strided" in o]
+        assert len(views) == 4, line  # q (merged dims), its two halves, the output (merged dims)
+        assert "a0, " in line and "a2, " in line, line  # cos and sin as they are
 
 
 def test_new_strides_and_misaligned_pointers_take_the_general_path(torch_kernels):

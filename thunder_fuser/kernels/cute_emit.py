@@ -42,7 +42,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from thunder_fuser.kernels.expr import (
     Load, Op, Program, Reduce, Select, Unsupported, dtype_of, reductions_in_order, subexpressions,
 )
-from thunder_fuser.kernels.geometry import COLUMN_THREADS, Geometry, column_state_offsets
+from thunder_fuser.kernels.geometry import BROADCAST, COLUMN_THREADS, Geometry, column_state_offsets
 
 DTYPES = {
     torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
@@ -303,9 +303,27 @@ def _vector_view(t2: cute.Tensor, V: int) -> cute.Tensor:
     return cute.make_tensor(t2.iterator, layout)
 
 
-def _operand_views(ts, rank: int, V: int, ref_slot: int):
+def _from_bases(ts, maps: tuple, ref: int):
+    """The operands passed as their base tensors (``Geometry.base_maps``), built here, in
+    the launch function, rather than by an ``as_strided`` per call: each mode a base dim,
+    or a broadcast with the extent of operand ``ref``, or extent 1."""
+    if not any(maps):
+        return ts
+    out = list(ts)
+    for i in [ref] + [i for i in range(len(ts)) if i != ref]:
+        m = maps[i]
+        if m:
+            b = out[i]
+            shape = tuple(b.shape[d] if d >= 0 else (out[ref].shape[j] if d == BROADCAST else 1) for j, d in enumerate(m))
+            stride = tuple(b.stride[d] if d >= 0 else 0 for d in m)
+            out[i] = cute.make_tensor(b.iterator, cute.make_layout(shape, stride=stride))
+    return tuple(out)
+
+
+def _operand_views(ts, geo: Geometry, rank: int, V: int, ref_slot: int):
     """Every operand as 2-D ``(M, N)`` and tiled by vectors, and the extents of the domain
     (read from a stored operand: pieces of a cat have their own ``N``)."""
+    ts = _from_bases(ts, geo.base_maps, geo.map_ref)
     t2s = tuple(_as_2d(t, rank) for t in ts)
     tvs = tuple(_vector_view(t, V) for t in t2s)
     ref = t2s[ref_slot]
@@ -367,6 +385,12 @@ def fake_operands(geo: Geometry):
             strides.append(0 if s == 0 else cute.sym_int64(divisibility=geo.vector if vec else 1))
         strides.append(1 if vec else (0 if o.inner_mode == "bcast" else cute.sym_int64()))
         align = min(16, geo.vector * o.dtype.itemsize) if vec else o.dtype.itemsize
+        m = geo.base_maps[len(fakes)] if geo.base_maps else None
+        if m:  # the base tensor as it is: its dims carry the symbols of the modes they are
+            base = geo.bases[o.source]
+            mode_of = {d: j for j, d in enumerate(m) if d >= 0}
+            shape = [shape[mode_of[d]] if d in mode_of else 1 for d in range(base.ndim)]
+            strides = [strides[mode_of[d]] if d in mode_of else cute.sym_int64() for d in range(base.ndim)]
         fakes.append(make_fake_tensor(cute_dtype(o.dtype), tuple(shape), tuple(strides), assumed_align=align))
     return tuple(fakes)
 
@@ -530,7 +554,7 @@ def _pointwise_pieces(prog: Program, geo: Geometry):
                 store(vals, t2s, tvs, row, j, N, ok)
 
     def setup(ts):
-        t2s, tvs, M, N = _operand_views(ts, rank, V, ref_slot)
+        t2s, tvs, M, N = _operand_views(ts, geo, rank, V, ref_slot)
         if reuse:
             extent = _mode_extent(t2s[ref_slot], rank, reuse[0])
             M = M // extent * ((extent + reuse[1] - 1) // reuse[1])  # groups of rows
@@ -756,7 +780,7 @@ def build_rows(prog: Program, geo: Geometry):
 
     @cute.jit
     def launch(ts, stream):
-        t2s, tvs, M, N = _operand_views(ts, rank, V, ref_slot)
+        t2s, tvs, M, N = _operand_views(ts, geo, rank, V, ref_slot)
         blocks = (M + rows_per_block - 1) // rows_per_block
         kernel(t2s, tvs, M, N).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)
 
@@ -980,7 +1004,7 @@ def build_columns(prog: Program, geo: Geometry):
 
     @cute.jit
     def launch(ts, ws: cute.Tensor, per: cutlass.Int32, stream):
-        t2s, tvs, M, N = _operand_views(ts, rank, V, ref_slot)
+        t2s, tvs, M, N = _operand_views(ts, geo, rank, V, ref_slot)
         blocks_x = (N // V + CW - 1) // CW
         partial(t2s, tvs, ws, M, N, per).launch(grid=[blocks_x, cute.size(ws, mode=[0]), 1], block=[T, 1, 1],
                                                 stream=stream)

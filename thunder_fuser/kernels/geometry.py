@@ -70,6 +70,11 @@ class Geometry:
     call_views: tuple = ()  # per operand: (base index, None where the base is the view as it is, else
     #                        (shape, stride, element offset) of its ``as_strided``)
     align_checks: tuple = ()  # per vector operand: (base, byte offset, alignment) checked per call
+    # per operand: None, or what the kernel's launch function builds it from (its base tensor
+    # passed as it is, no ``as_strided`` per call): per operand mode, the base dim it is, or
+    # BROADCAST (stride 0, the extent of operand ``map_ref``'s mode) or ONE (extent 1)
+    base_maps: tuple = ()
+    map_ref: int = 0
 
     @property
     def outer_select(self) -> bool:
@@ -83,6 +88,7 @@ class Geometry:
         return (
             len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors,
             self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands), self.reuse,
+            tuple(m and (m, self.bases[o.source].ndim) for m, o in zip(self.base_maps, self.operands)), self.map_ref,
         )
 
 
@@ -366,12 +372,53 @@ def _call_recipe(geo: Geometry) -> None:
             return None
         return (o.shape, o.stride, o.offset)
 
-    geo.call_views = tuple((o.source, view(o)) for o in geo.operands)
+    ops = geo.operands
+    geo.map_ref = next((i for i in geo.store_slot if 0 not in ops[i].stride), geo.store_slot[0])
+    maps = [None] * len(ops)
+    for i in [geo.map_ref] + [i for i in range(len(ops)) if i != geo.map_ref]:
+        if view(ops[i]) is not None:
+            maps[i] = _mode_map(ops[i], geo.bases[ops[i].source], None if i == geo.map_ref else ops[geo.map_ref])
+    geo.base_maps = tuple(maps)
+    geo.call_views = tuple((o.source, None if m else view(o)) for o, m in zip(ops, maps))
     if geo.vector > 1:
         geo.align_checks = tuple(
             (o.source, o.offset * o.dtype.itemsize, geo.vector * o.dtype.itemsize)
             for o in geo.operands if o.inner_mode == "vec"
         )
+
+
+BROADCAST, ONE = -1, -2
+
+
+def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None):
+    """Operand ``o`` as its base tensor's dims, each one mode (any order), plus broadcast and
+    extent-1 modes; None where it is not that (a slice, an offset, merged dims)."""
+    if o.offset or base.ndim == 0:
+        return None
+    used, m = set(), []
+    for j, (ext, st) in enumerate(zip(o.shape, o.stride)):
+        if ext == 1:
+            m.append(ONE)
+        elif st == 0:
+            if ref is None or ref.shape[j] != ext:
+                return None
+            m.append(BROADCAST)
+        else:
+            d = next((d for d in range(base.ndim) if d not in used and base.shape[d] == ext and base.stride(d) == st), None)
+            if d is None:
+                return None
+            used.add(d)
+            m.append(d)
+    if any(base.shape[d] != 1 for d in range(base.ndim) if d not in used):
+        return None
+    return tuple(m)
+
+
+def operand_from_base(m: tuple, base: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """What a launch function builds from a mapped base (``Geometry.base_maps``), in torch."""
+    shape = tuple(base.shape[d] if d >= 0 else (ref.shape[j] if d == BROADCAST else 1) for j, d in enumerate(m))
+    stride = tuple(base.stride(d) if d >= 0 else 0 for d in m)
+    return base.as_strided(shape, stride, base.storage_offset())
 
 
 def _row_tiling(geo: Geometry) -> None:

@@ -12,10 +12,11 @@ import torch
 
 from thunder_fuser.backends.reference import REFERENCE_IMPLS, _conform
 from thunder_fuser.kernels.expr import Load, Op, Program, Reduce, Select
-from thunder_fuser.kernels.geometry import Geometry
+from thunder_fuser.kernels.geometry import Geometry, operand_from_base
 
 
 def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None:
+    views = from_bases(geo, views)
     memo: dict[int, object] = {}
     ndim = len(geo.outer) + 1
     # a row kernel reduces the last dim; a column kernel every dim but the last
@@ -71,6 +72,17 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
             one = tuple(slice(0, 1) if d in reduced_dims else slice(None) for d in range(ndim))
             v, r = v[one], r[one]
         v.copy_(r)
+
+
+def from_bases(geo: Geometry, views) -> list[torch.Tensor]:
+    """The operands a launch function builds from the base tensors it is passed
+    (``Geometry.base_maps``), the map's reference operand first."""
+    views = list(views)
+    ref = geo.map_ref
+    for i in [ref] + [i for i in range(len(views)) if i != ref]:
+        if geo.base_maps and geo.base_maps[i]:
+            views[i] = operand_from_base(geo.base_maps[i], views[i], views[ref])
+    return views
 
 
 class _Typed:
