@@ -56,11 +56,11 @@ class _Writer:
         self.glob = {"empty_strided": torch.empty_strided, "run_nodes": reference.run_nodes, "nan": math.nan,
                      "run_on_torch": segment_kernel._run_on_torch, "conform": _conform_output}
         self.body: list[str] = []
-        self.names: dict[int, str] = {}  # value id -> the expression that holds it
+        self.names: dict[int, str] = {}  # value id -> the name (local, argument or global) holding it
         self.owners: dict[str, set] = {}  # a generated local -> the value ids it holds
         self.fresh: dict[int, tuple] = {}  # value id -> strides, for what the code allocates
         self.args: dict[int, int] = {}  # value id of a tensor argument -> its index
-        self.checks: list[str] = []
+        self.checks: list[tuple] = []  # (argument value id, alignment, pointer residue) checked first
 
     def const(self, obj, hint: str = "c") -> str:
         name = f"{hint}{len(self.glob)}"
