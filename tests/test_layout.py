@@ -142,7 +142,8 @@ def _check_attention_block(device, backend=None, dtype=torch.float32):
             got = jfn(x, w, bias)
     tol = 1e-3 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, _attention_block(x, w, bias), atol=tol, rtol=tol)
-    text = str(thunder.last_traces(jfn)[-1])
+    # the trace's code, without its comment lines (they quote source paths, which may hold "clone")
+    text = "\n".join(l for l in str(thunder.last_traces(jfn)[-1]).splitlines() if not l.lstrip().startswith("#"))
     for copy_op in ("contiguous", "stride_order", "clone", "copy_("):
         assert copy_op not in text
     split, epilogue = _runners(jfn)
