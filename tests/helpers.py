@@ -260,3 +260,15 @@ CREATION_CASES = {
     "tril of ones (full, bitwise and/not)": (_tril_of_ones, [(2, 3, 37, 37)]),
     "bool and constant outputs (where, zeros_like + 1, full_like, arange)": (_constant_outputs, [(33, 1000)]),
 }
+
+
+def integer_division(a, b):
+    """thunder's integer div truncates; floor division adds signbit, fmod and a correction."""
+    return torch.div(a, b, rounding_mode="trunc"), a // b, (a // 3) * 2
+
+
+def signed_operands(shape, dtype, device="cpu"):
+    """Integers of both signs, and divisors of both signs that are never zero."""
+    a = torch.randint(-1000, 1000, shape, dtype=dtype, device=device)
+    b = torch.randint(1, 50, shape, dtype=dtype, device=device)
+    return a, b * (torch.randint(0, 2, shape, dtype=dtype, device=device) * 2 - 1)

@@ -14,8 +14,8 @@ import torch
 from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope, rotate_half_residual, softmax
 from helpers import (
     CREATION_CASES, causal_attention, causal_mask_scores, check_a_misaligned_call_runs_a_shared_launch_apart,
-    check_batch_norm_backward, check_gradients, check_layernorm_backward, check_vs_eager, check_vs_float64, plans,
-    three_shapes, TWO_LEVEL_RESIZES,
+    check_batch_norm_backward, check_gradients, check_layernorm_backward, check_vs_eager, check_vs_float64,
+    integer_division, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import segment_kernel
@@ -227,6 +227,11 @@ def test_causal_attention_forward_and_backward_on_kernels():
     with warnings.catch_warnings():
         warnings.simplefilter("error", KernelFallbackWarning)
         check_gradients(causal_attention, q, [k, v], atol=1e-3, require_kernels=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_division_truncates_and_floors(dtype):
+    run_without_fallback(integer_division, *signed_operands((33, 4097), dtype, "cuda"))
 
 
 def test_copy_to_out_writes_in_place():

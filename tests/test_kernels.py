@@ -16,8 +16,8 @@ from benchmarks.workloads import (
 )
 from helpers import (
     CREATION_CASES, causal_attention, causal_mask_scores, check_a_misaligned_call_runs_a_shared_launch_apart,
-    check_batch_norm_backward, check_gradients, check_layernorm_backward, check_vs_eager, plans, three_shapes,
-    TWO_LEVEL_RESIZES,
+    check_batch_norm_backward, check_gradients, check_layernorm_backward, check_vs_eager, integer_division, plans,
+    signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import explain, fuser_ex
 from thunder_fuser.kernels import backend, segment_kernel
@@ -75,6 +75,7 @@ WORKLOADS = {
     "rows too long for registers": (
         lambda x: (torch.softmax(x, -1), x.var(-1)), lambda: (_r(3, 70000),)
     ),
+    "integer division (truncating, floor)": (integer_division, lambda: signed_operands((33, 257), torch.int32)),
 }
 
 
@@ -265,6 +266,9 @@ FAMILIES = {
     ),
     "pointwise bool and constant stores": (
         CREATION_CASES["bool and constant outputs (where, zeros_like + 1, full_like, arange)"][0], lambda: (_r(33, 1000),)
+    ),
+    "pointwise integer division (truncating and floor, int64)": (
+        integer_division, lambda: signed_operands((33, 257), torch.int64)
     ),
     "resize along an outer dim (cat, bf16)": (
         lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))

@@ -103,6 +103,18 @@ def _pow(a, b):
     return cute.math.pow(a, b)
 
 
+def _trunc_div(a, b, dt):
+    """thunder's integer ``div``: the quotient rounded toward zero (C's ``/``). The DSL's ``//``
+    floors, so where the remainder is not zero and the operands' signs differ add one."""
+    if dt in (torch.bool, torch.uint8) or not dt.is_signed:
+        raise Unsupported(f"integer division on {dt}")
+    if isinstance(a, int) and isinstance(b, int):
+        return int(a / b) if b else 0
+    q = a // b
+    r = a - q * b
+    return _where((r != 0) & ((a ^ b) < 0), q + 1, q)
+
+
 UNARY_MATH = {
     "exp": cute.math.exp, "exp2": cute.math.exp2, "expm1": cute.math.expm1, "log": cute.math.log,
     "log1p": cute.math.log1p, "log2": cute.math.log2, "log10": cute.math.log10,
@@ -135,7 +147,7 @@ def apply_op(e: Op, args, arg_dtypes):
         return _cast(UNARY_MATH[op](_cast(args[0], cd)), out)
     if op in BINARY_MATH:
         if op == "div" and not out.is_floating_point:
-            raise Unsupported("integer division")
+            return _trunc_div(_cast(args[0], out), _cast(args[1], out), out)
         cd = _compute_dtype(out)
         return _cast(BINARY_MATH[op](_cast(args[0], cd), _cast(args[1], cd)), out)
     if op in COMPARE:
@@ -158,6 +170,12 @@ def apply_op(e: Op, args, arg_dtypes):
         cd = _compute_dtype(out)
         a, b, w = (_cast(x, cd) for x in args)
         return _cast(a + w * (b - a), out)
+    if op == "signbit" and isinstance(arg_dtypes[0], torch.dtype) and arg_dtypes[0].is_signed \
+            and not arg_dtypes[0].is_floating_point:  # a float's -0.0 and -NaN: not here
+        return _cast(args[0], arg_dtypes[0]) < 0
+    if op == "fmod" and not out.is_floating_point:  # the remainder of the truncated quotient
+        a, b = _cast(args[0], out), _cast(args[1], out)
+        return a - _trunc_div(a, b, out) * b
     if op == "isfinite":
         a = _cast(args[0], torch.float32)
         return cute.math.isfinite(a)
