@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 import thunder
@@ -203,12 +204,21 @@ def test_unsupported_segment_reason(torch_kernels):
 
 @pytest.fixture
 def ptx_compile(tmp_path, monkeypatch):
-    """Kernels compile for sm_90a without a GPU, keep their PTX, and go to a fresh disk cache
-    (``tmp_path / "cache"``)."""
+    """Kernels compile for sm_90a without a GPU, keep their PTX (in ``tmp_path / "ptx"``),
+    and go to a fresh disk cache (``tmp_path / "cache"``)."""
     pytest.importorskip("cutlass")
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", " --keep-ptx")
+    # the kept PTX goes to the test's own folder, not the working directory
+    (tmp_path / "ptx").mkdir()
+    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", f" --keep-ptx --dump-dir {tmp_path / 'ptx'}")
+
+
+def _ptx(compiled) -> str:
+    """A compiled kernel's PTX text (CuTe DSL gives the file's path when it was dumped to a
+    folder of our choosing)."""
+    ptx = compiled.artifacts.PTX
+    return Path(ptx).read_text() if ptx.endswith(".ptx") and Path(ptx).is_file() else ptx
 
 
 def _planned_parts(fn, args):
@@ -309,7 +319,7 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
     fn, make = FAMILIES[name]
     parts = _planned_parts(fn, make())
     assert parts
-    ptx = "".join(segment_kernel.compile_program(p.prog, p.geo, None).artifacts.PTX for p in parts)
+    ptx = "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in parts)
     assert ".target sm_90a" in ptx
     if name.startswith("pointwise bf16"):
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx  # 128-bit accesses
@@ -326,7 +336,7 @@ def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(pt
     """tanh.approx.f32 errs by up to 2**-10.9 relative: below half a bf16 ulp, not an fp32 one."""
 
     def ptx(fn, x):
-        return "".join(segment_kernel.compile_program(p.prog, p.geo, None).artifacts.PTX for p in _planned_parts(fn, (x,)))
+        return "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in _planned_parts(fn, (x,)))
 
     assert "tanh.approx.f32" in ptx(lambda x: torch.tanh(x.float()).to(torch.bfloat16), _r(64, 256))
     assert "tanh.approx" not in ptx(torch.tanh, _r(64, 256))
@@ -336,7 +346,7 @@ def test_one_tensor_read_as_two_pieces_is_loaded_twice(ptx_compile):
     """``cat((x, x))``: both pieces view the same operand; each needs its own load (its own
     shift and predicate). A cache by operand alone loaded once and wrote zeros for the second."""
     (part,) = _planned_parts(lambda x: torch.cat((x, x), -1) + 1, (_r(3, 64),))
-    ptx = segment_kernel.compile_program(part.prog, part.geo, None).artifacts.PTX
+    ptx = _ptx(segment_kernel.compile_program(part.prog, part.geo, None))
     assert ptx.count("ld.global") == 2 and ptx.count("st.global") == 1, ptx
 
 
@@ -357,9 +367,9 @@ def test_independent_segments_share_one_launch(name, ptx_compile, torch_kernels)
     assert list(plan.groups) == [0] and plan.apart == {}
     group = plan.groups[0]
     assert len(group.parts) == len(plan.segments)
-    ptx = segment_kernel.compile_group(group.parts, None).artifacts.PTX
+    ptx = _ptx(segment_kernel.compile_group(group.parts, None))
     assert ptx.count(".entry") == 1
-    one = sum(segment_kernel.compile_program(p.prog, p.geo, None).artifacts.PTX.count("st.global") for p in group.parts)
+    one = sum(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)).count("st.global") for p in group.parts)
     assert ptx.count("st.global") == one  # every program's stores, in one kernel
 
 
