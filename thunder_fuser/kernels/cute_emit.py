@@ -42,7 +42,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from thunder_fuser.kernels.expr import (
     Load, Op, Program, Reduce, Select, Unsupported, dtype_of, reductions_in_order, subexpressions,
 )
-from thunder_fuser.kernels.geometry import BROADCAST, COLUMN_THREADS, Geometry, column_state_offsets
+from thunder_fuser.kernels.geometry import COLUMN_THREADS, Geometry, column_state_offsets, mapped_layout, ref_first
 
 DTYPES = {
     torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
@@ -106,7 +106,7 @@ def _pow(a, b):
 def _trunc_div(a, b, dt):
     """thunder's integer ``div``: the quotient rounded toward zero (C's ``/``). The DSL's ``//``
     floors, so where the remainder is not zero and the operands' signs differ add one."""
-    if dt in (torch.bool, torch.uint8) or not dt.is_signed:
+    if not dt.is_signed:  # bool and unsigned: the floor-to-trunc fix below assumes signs
         raise Unsupported(f"integer division on {dt}")
     if isinstance(a, int) and isinstance(b, int):
         return int(a / b) if b else 0
@@ -328,12 +328,10 @@ def _from_bases(ts, maps: tuple, ref: int):
     if not any(maps):
         return ts
     out = list(ts)
-    for i in [ref] + [i for i in range(len(ts)) if i != ref]:
-        m = maps[i]
-        if m:
+    for i in ref_first(len(ts), ref):
+        if maps[i]:
             b = out[i]
-            shape = tuple(b.shape[d] if d >= 0 else (out[ref].shape[j] if d == BROADCAST else 1) for j, d in enumerate(m))
-            stride = tuple(b.stride[d] if d >= 0 else 0 for d in m)
+            shape, stride = mapped_layout(maps[i], b.shape, b.stride, out[ref].shape)
             out[i] = cute.make_tensor(b.iterator, cute.make_layout(shape, stride=stride))
     return tuple(out)
 

@@ -330,8 +330,8 @@ class _Lowering:
                     "convert_element_type", (e,), out.dtype)
             else:
                 self.env[id(out)] = Op(op, args, out.dtype)
-        elif op == "full" and fill_number(node) is not None:
-            self.env[id(out)] = fill_number(node)
+        elif op == "full" and (fill := fill_number(node)) is not None:
+            self.env[id(out)] = fill
         elif op in REDUCTION and seg_kind(node) == "view" and op != "var_mean":
             self.squeeze(node)
         elif op in REDUCTION:

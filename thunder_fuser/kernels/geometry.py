@@ -375,7 +375,7 @@ def _call_recipe(geo: Geometry) -> None:
     ops = geo.operands
     geo.map_ref = next((i for i in geo.store_slot if 0 not in ops[i].stride), geo.store_slot[0])
     maps = [None] * len(ops)
-    for i in [geo.map_ref] + [i for i in range(len(ops)) if i != geo.map_ref]:
+    for i in ref_first(len(ops), geo.map_ref):
         if view(ops[i]) is not None:
             maps[i] = _mode_map(ops[i], geo.bases[ops[i].source], None if i == geo.map_ref else ops[geo.map_ref])
     geo.base_maps = tuple(maps)
@@ -414,11 +414,20 @@ def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None):
     return tuple(m)
 
 
-def operand_from_base(m: tuple, base: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """What a launch function builds from a mapped base (``Geometry.base_maps``), in torch."""
-    shape = tuple(base.shape[d] if d >= 0 else (ref.shape[j] if d == BROADCAST else 1) for j, d in enumerate(m))
-    stride = tuple(base.stride(d) if d >= 0 else 0 for d in m)
-    return base.as_strided(shape, stride, base.storage_offset())
+def mapped_layout(m: tuple, shape, stride, ref_shape) -> tuple[tuple, tuple]:
+    """(shape, stride) of the operand built from a base of ``shape``/``stride`` by map ``m``
+    (``Geometry.base_maps``); plain indexing, so the launch function (CuTe values) and
+    ``torch_eval`` (ints) share it."""
+    return (
+        tuple(shape[d] if d >= 0 else (ref_shape[j] if d == BROADCAST else 1) for j, d in enumerate(m)),
+        tuple(stride[d] if d >= 0 else 0 for d in m),
+    )
+
+
+def ref_first(n: int, ref: int) -> list[int]:
+    """Operand indices with the map's reference first: its extents must exist before a
+    broadcast mode takes them."""
+    return [ref] + [i for i in range(n) if i != ref]
 
 
 def _row_tiling(geo: Geometry) -> None:

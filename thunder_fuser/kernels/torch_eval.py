@@ -12,7 +12,7 @@ import torch
 
 from thunder_fuser.backends.reference import REFERENCE_IMPLS, _conform
 from thunder_fuser.kernels.expr import Load, Op, Program, Reduce, Select
-from thunder_fuser.kernels.geometry import Geometry, operand_from_base
+from thunder_fuser.kernels.geometry import Geometry, mapped_layout, ref_first
 
 
 def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None:
@@ -79,9 +79,11 @@ def from_bases(geo: Geometry, views) -> list[torch.Tensor]:
     (``Geometry.base_maps``), the map's reference operand first."""
     views = list(views)
     ref = geo.map_ref
-    for i in [ref] + [i for i in range(len(views)) if i != ref]:
+    for i in ref_first(len(views), ref):
         if geo.base_maps and geo.base_maps[i]:
-            views[i] = operand_from_base(geo.base_maps[i], views[i], views[ref])
+            b = views[i]
+            shape, stride = mapped_layout(geo.base_maps[i], b.shape, b.stride(), views[ref].shape)
+            views[i] = b.as_strided(shape, stride, b.storage_offset())
     return views
 
 

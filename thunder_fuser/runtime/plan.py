@@ -168,15 +168,7 @@ class Plan:
                         reference.run_nodes(seg.nodes, env)
             for vid in frees:
                 env.pop(vid, None)
-        results = []
-        for oid, strides in self.output_recipe:
-            t = env[oid]
-            if strides is not None and isinstance(t, torch.Tensor) and t.stride() != strides:
-                out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
-                out.copy_(t)
-                t = out
-            results.append(t)
-        return results
+        return [env[oid] if strides is None else conform_output(env[oid], strides) for oid, strides in self.output_recipe]
 
     def __post_init__(self):
         self.input_ids = tuple(id(v) for v in self.region.inputs)
@@ -186,6 +178,15 @@ class Plan:
         self.step_frees = tuple(
             (step, tuple(id(v) for seg in step for v in free_after.get(seg.index, ()))) for step in self.schedule.steps
         )
+
+
+def conform_output(t, strides):
+    """An output in the layout the plan chose for it: a copy where it came out otherwise."""
+    if isinstance(t, torch.Tensor) and t.stride() != strides:
+        out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+        out.copy_(t)
+        return out
+    return t
 
 
 def build_plan(region: Region, segments: list[Segment], args) -> Plan:

@@ -26,6 +26,7 @@ import torch
 from thunder_fuser.backends import reference
 from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.segment_kernel import LaunchGroup, SegmentKernel
+from thunder_fuser.runtime.plan import conform_output
 
 
 class _Unfit(Exception):
@@ -54,7 +55,7 @@ class _Writer:
         self.plan, self.key = plan, key
         self.count = 0
         self.glob = {"empty_strided": torch.empty_strided, "run_nodes": reference.run_nodes, "nan": math.nan,
-                     "run_on_torch": segment_kernel._run_on_torch, "conform": _conform_output}
+                     "run_on_torch": segment_kernel._run_on_torch, "conform": conform_output}
         self.body: list[str] = []
         self.names: dict[int, str] = {}  # value id -> the name (local, argument or global) holding it
         self.owners: dict[str, set] = {}  # a generated local -> the value ids it holds
@@ -154,7 +155,8 @@ class _Writer:
     def part_views(self, k: SegmentKernel, part) -> str:
         """Allocate the part's stores; the tuple of its operand views (an expression)."""
         for vid, t in k.constants.items():  # iota operands, built with the plan
-            self.names.setdefault(vid, self.const(t, "iota"))
+            if vid not in self.names:
+                self.names[vid] = self.const(t, "iota")
         stores = []
         for (target, alloc), a in zip(part.store_recipe, part.allocs):
             if alloc is None:  # an in-place write: into the tensor the destination holds
@@ -209,9 +211,9 @@ class _Writer:
             self.body.append(f"run_on_torch({self.const(part, 'part')}, {views})")
         elif part.workspace is None:
             self.body.append(f"{self.const(part.fn, 'kernel')}({views})")
-        else:
-            ws = f"empty_strided({part.workspace}, {_contiguous(part.workspace)}, dtype={self.const(torch.float32, 'dt')}, device={self.const(k.device, 'dev')})"
-            self.body.append(f"{self.const(part.fn, 'kernel')}({views}, {ws}, {part.rows_per_split})")
+        else:  # a column reduction: its workspace and rows per split, as the general path makes them
+            part_name = self.const(part, "part")
+            self.body.append(f"{self.const(part.fn, 'kernel')}({views}, *{part_name}.extra_args({self.const(k.device, 'dev')}))")
 
     def finish(self, k: SegmentKernel) -> None:
         for out, dst in k.write_outs:
@@ -259,18 +261,3 @@ class _Writer:
         return f"conform({name}, {strides})"
 
 
-def _contiguous(shape) -> tuple:
-    strides, n = [], 1
-    for s in reversed(shape):
-        strides.append(n)
-        n *= s
-    return tuple(reversed(strides))
-
-
-def _conform_output(t, strides):
-    """An output in the layout the plan chose (``Plan.run`` does the same)."""
-    if isinstance(t, torch.Tensor) and t.stride() != strides:
-        out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
-        out.copy_(t)
-        return out
-    return t
