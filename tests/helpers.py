@@ -218,7 +218,19 @@ TWO_LEVEL_RESIZES = {
     "reshape of a cat, its dim kept whole": (
         lambda a, b: torch.cat((a, b * 2), -1).reshape(-1, 384) * 3, [(2, 16, 128), (2, 16, 256)]
     ),
+    "cat of transposed pieces merged into the cat dim (q/k/v gradients)": (
+        lambda dq, dk, dv: _qkv_gradient_cat(dq, dk, dv), [(2, 4, 16, 64), (2, 4, 64, 16), (2, 4, 16, 64)]
+    ),
 }
+
+
+def _qkv_gradient_cat(dq, dk, dv):
+    """A GPT block's backward joins the q, k, v gradients ([b, h, s, e], k's transposed)
+    into the fused projection's: no strided view merges h and e of the transposed pieces
+    (``ir/cat_before_reshape.py`` concatenates along h first)."""
+    b, h, s, e = dq.shape
+    pieces = [t.transpose(1, 2).reshape(b, s, h * e) for t in (dq * 0.5, dk.transpose(-2, -1) * 0.5, dv)]
+    return torch.cat(pieces, -1).reshape(b * s, 3 * h * e)
 
 
 def causal_attention(q, k, v):

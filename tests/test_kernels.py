@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -112,9 +113,44 @@ def test_causal_attention_forward_and_backward_run_on_kernels(torch_kernels):
     q, k, v = (_r(2, 4, 33, 16) for _ in range(3))
     check_gradients(causal_attention, q, [k, v], require_kernels=True)
 
+def _rstd_and_its_broadcast(x):
+    r = torch.rsqrt(x.var(-1, keepdim=True) + 1e-5)
+    return x * r, r.expand(x.shape)
+
+
 def test_row_store_of_a_broadcast_value_writes_the_whole_row(torch_kernels):
-    """layernorm's forward saves ``rstd`` broadcast to [n, d]: stored over the whole row."""
+    """A row value returned broadcast to [n, d] (what layernorm's forward saved for its
+    backward before rematerialization) is stored over the whole row."""
+    jfn, _ = check_vs_eager(_rstd_and_its_broadcast, _r(64, 512))
+    assert all(k is not None for _, k in _kernels(jfn))
+
+
+def test_layernorm_backward_lowers(torch_kernels):
     check_layernorm_backward("cpu", (64, 512), require_kernels=True)
+
+
+def test_transformer_block_forward_and_backward(torch_kernels):
+    """The benchmark's GPT block (layernorm, causal attention decomposed, tanh-GELU MLP),
+    rematerialized between forward and backward: output and every gradient match eager."""
+    from benchmarks.workloads import TransformerBlock
+
+    torch.manual_seed(0)
+    block = TransformerBlock(64, 4)
+    ref = TransformerBlock(64, 4)
+    ref.load_state_dict(block.state_dict())
+    x = _r(2, 16, 64).requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KernelFallbackWarning)  # the q/k/v gradient cat (see README)
+        y = thunder.jit(block, executors=[fuser_ex])(x)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    want = ref(xr)
+    want.backward(grad)
+    torch.testing.assert_close(y, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(x.grad, xr.grad, atol=1e-4, rtol=1e-4)
+    for (name, p), q in zip(block.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_channels_last_batch_norm_backward_splits_at_column_reductions(torch_kernels):
@@ -190,6 +226,18 @@ def test_a_reshape_that_cuts_a_cat_dim_runs_on_the_reference_backend(torch_kerne
     """Splitting the cat dim would put pieces on both sides of a new dim: no template."""
     jfn, _ = check_vs_eager(lambda a, b: torch.cat((a, b), -1).reshape(4, 2, 48) + 1, _r(4, 32), _r(4, 64))
     assert ("reference", None) in _kernels(jfn)
+
+
+def test_transposed_pieces_of_different_inner_extents_are_not_concatenated_first(torch_kernels):
+    """cat(reshape(x_i)) is reshape(cat(x_i)) only when the pieces agree on the dims merged
+    inside the cat dim: [2, 8, 3, 4] and [2, 8, 2, 6] both merge to 12 wide, but
+    concatenating along their third dims would interleave them wrongly."""
+    def fn(a, b):
+        return torch.cat((a.transpose(1, 2).reshape(2, 8, 12), b.transpose(1, 2).reshape(2, 8, 12)), -1) * 2
+
+    jfn, _ = check_vs_eager(fn, _r(2, 3, 8, 4), _r(2, 2, 8, 6))
+    (plan,) = _plans(jfn)
+    assert not any(n.output.name.endswith("_split") for n in plan.region.nodes)
 
 
 def test_unsupported_segment_reason(torch_kernels):
@@ -270,7 +318,7 @@ FAMILIES = {
     ),
     "resize, pad of H and W (a select along an outer dim and one along the vector dim)": _two_level("pad of H and W (NCHW)"),
     "resize, pad of a cat (nested selects along one dim)": _two_level("pad of a cat"),
-    "normalization over a causal iota mask (int64 operands, bool logic and stores; bf16)": (
+    "normalization over a causal iota mask (int64 iotas computed from indices, bool logic and stores; bf16)": (
         CREATION_CASES["causal mask from arange (softmax; the mask and its negation returned)"][0],
         lambda: (_r(2, 4, 100, 100, dtype=torch.bfloat16),),
     ),
@@ -327,6 +375,8 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         assert ptx.count("ld.global.b32") == 4 and ptx.count("st.global.b32") == 4, ptx
     if name.startswith("resize, pad of H and W"):  # pieces shifted along two dims still move whole vectors
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx
+    if name.startswith("normalization over a causal"):  # the iotas are computed from indices, never loaded
+        assert not re.search(r"ld\.global[.\w]*\.[bsu]64", ptx), re.findall(r"ld\.global[.\w]*", ptx)
     if name.startswith("pointwise, broadcast"):  # per row: q, two rotate-half pieces, and half of cos and sin
         assert ptx.count("ld.global.v4") < 5 * ptx.count("st.global.v4"), ptx.count("ld.global.v4")
     assert list((tmp_path / "cache").rglob("*.o")), "the compiled kernel is exported to the disk cache"

@@ -159,6 +159,26 @@ def test_qkv_split_sdpa_and_output_reshape_need_no_layout_copy():
     _check_attention_block("cpu")
 
 
+def _split_and_scale(qkv):
+    b, s, _ = qkv.shape
+    q, k, v = (t.view(b, s, H, E).transpose(1, 2) for t in qkv.split(H * E, dim=-1))
+    return q * 0.5, k.transpose(-2, -1) * 0.5, v
+
+
+def test_a_split_whose_v_is_a_view_returns_it_as_one_beside_the_kernel_outputs():
+    """The GPT block's forward (no sdpa_ex): q and k scaled by a kernel, v passed on as a
+    view of the projection, with the projection's strides, never copied into a new layout."""
+    jfn = thunder.jit(_split_and_scale, executors=[fuser_ex])
+    for _ in range(2):  # the first call plans, the second runs the straight-line code
+        qkv = torch.randn(B, S, 3 * H * E)
+        got = jfn(qkv)
+        for g, w in zip(got, _split_and_scale(qkv)):
+            torch.testing.assert_close(g, w)
+        assert got[2].untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
+    (runner,) = _runners(jfn)
+    assert [s.kind for s in runner.segments] == ["resize"]
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("backend", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"])
 def test_qkv_split_sdpa_on_gpu_backends(backend):

@@ -23,7 +23,9 @@ from thunder.extend import FusionExecutor, register_executor
 
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
+from thunder_fuser.rematerialize import rematerialize_if_safe
 from thunder_fuser.functionalize import functionalize
+from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
 from thunder_fuser.ir.ops import SUPPORTED
 from thunder_fuser.printing import op_line, segment_lines
@@ -103,6 +105,7 @@ class FuserExecutor(FusionExecutor):
         ir.grad_enabled = _grad_enabled_at_trace_time()
         debug.dump("region", lambda: "\n".join([name] + [op_line(n) for n in ir.nodes]))
         functionalize(ir)
+        cat_before_reshape(ir)
         segments = segment_region(ir)
         debug.dump("segments", lambda: "\n".join([name] + segment_lines(segments)))
         runner = RegionRunner(ir, segments)
@@ -135,6 +138,7 @@ class FuserExecutor(FusionExecutor):
             counter += 1
         out = from_trace(trace)
         out.bound_symbols = fused
+        out = rematerialize_if_safe(out)
         out = dce(out)
         out = update_fusion_call_ctx(out)
         ms = (time.perf_counter_ns() - start) // 1_000_000

@@ -1,12 +1,14 @@
 """Creation ops in kernel segments: ``iota`` read as a small operand, ``full`` as a number.
 
 A causal mask is the common case: thunder decomposes ``is_causal`` attention into two
-``iota`` s, broadcasts, ``ge`` and ``where(mask, scores, -inf)``. No kernel computes an
-``iota`` from its coordinates; instead the plan runs each ``iota`` once, with torch (an
-``[s]`` vector), and the kernel reads it like any other operand, through the broadcasts
-that follow it, so the compare still runs per element in the kernel and the mask is
-never stored. A ``full`` is its fill number (``zeros_like`` reads nothing), and a
-pointwise op over numbers alone is computed at lowering, in its dtype.
+``iota`` s, broadcasts, ``ge`` and ``where(mask, scores, -inf)``. The plan runs each
+``iota`` once, with torch (an ``[s]`` vector), and the kernel takes it like any other
+operand, through the broadcasts that follow it, so the compare runs per element in the
+kernel and the mask is never stored. A CuTe kernel does not even load an integer iota:
+the operand's view gives each element's index into the vector, and the value is
+``start + step * index`` (``Iotas.params``, ``cute_emit._iota_at``); only the torch
+backend and float iotas read the vector. A ``full`` is its fill number (``zeros_like``
+reads nothing), and a pointwise op over numbers alone is computed at lowering, in its dtype.
 """
 
 from __future__ import annotations
@@ -25,6 +27,19 @@ class Iotas:
     # id of an iota result -> the value a kernel loads: the result itself, or for a
     # segment output (stored afresh by the kernel each call) a stand-in of its own
     operands: dict
+
+    def params(self) -> dict[int, tuple[int, int]]:
+        """``(start, step)`` of each integer iota, by the id of the value the kernel loads:
+        a CuTe kernel computes these from the element's index instead of loading them."""
+        out = {}
+        for n in self.nodes:
+            start, step = n.kwargs.get("start", 0), n.kwargs.get("step", 1)
+            dtype = n.outputs[0].dtype
+            if isinstance(dtype, torch.dtype) and not dtype.is_floating_point and dtype != torch.bool and all(
+                type(x) is int for x in (start, step)
+            ):
+                out[id(self.operands[id(n.outputs[0])])] = (start, step)
+        return out
 
     def evaluate(self) -> dict[int, object]:
         """The operand tensors, by the id of the value the kernel loads (torch, on the

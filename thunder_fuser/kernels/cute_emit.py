@@ -422,11 +422,32 @@ def _frag(shape, dt):
     return cute.make_rmem_tensor(shape, cute_dtype(dt))
 
 
+def _iota_at(o, t2, m, n, k: int = 0):
+    """Element ``(m, n)`` of an iota operand (plus ``k`` positions along a stride-1 ``N``),
+    computed from its index in the view: the value ``start + step * index`` of the vector
+    it views. A causal mask compares two of these per element, which a kernel otherwise
+    loads as 8-byte integers, with the registers to hold them."""
+    start, step, off = o.iota
+    idx = cutlass.Int64(cute.crd2idx((m, n), t2.layout))
+    if step != 1:  # 64-bit multiplies are several instructions: the usual arange has none
+        idx = idx * step
+    return cute_dtype(o.dtype)(idx + (start + step * (off + k)))
+
+
 def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False):
     """Vector ``j`` of row ``m`` of operand ``o``: one access (stride 1), one element for all
     (stride 0) or ``V`` accesses; zeros where ``pred`` is false. ``tail``: ``N`` may end
-    inside the vector (1-D pointwise only)."""
+    inside the vector (1-D pointwise only). An iota operand is computed, not loaded."""
     mode = _mode(o, V)
+    if o.iota is not None:
+        if mode == "bcast":
+            one = _frag((1, 1), o.dtype)
+            one[0] = _iota_at(o, t2, m, 0)
+            return one.load().broadcast_to((1, V)) if V > 1 else one.load()
+        frag = _frag((1, V), o.dtype)
+        for k in range(V):
+            frag[k] = _iota_at(o, t2, m, j * V, k) if mode == "vec" else _iota_at(o, t2, m, j * V + k)
+        return frag.load()
     if mode == "bcast":
         one = _frag((1, 1), o.dtype)
         one.fill(0)
@@ -466,7 +487,10 @@ def _row_evaluator(geo: Geometry, t2s, m, n, pred, row_value) -> "Evaluator":
     def load(ld: Load):
         if not ld.row:
             raise Unsupported(f"{ld.source.name} read in a per-row value")
-        return _load_scalar_if(t2s[geo.load_slot[id(ld)]], m, n, pred)
+        slot = geo.load_slot[id(ld)]
+        if geo.operands[slot].iota is not None:
+            return _iota_at(geo.operands[slot], t2s[slot], m, n)
+        return _load_scalar_if(t2s[slot], m, n, pred)
 
     return Evaluator(load, row_value, _no_select)
 

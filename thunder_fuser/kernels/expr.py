@@ -77,6 +77,17 @@ class Select:
     dim: int
 
 
+@dataclass(frozen=True, eq=False)
+class Reshaped:
+    """A cat/pad result, spanning ``shape``, under a reshape that merges or splits its
+    select dim (``ir/cat_before_reshape.py`` makes these). A reshape only renumbers the
+    elements in row-major order, and a store views its target over the domain the same
+    way, so such a value can be stored (over ``shape``) but not computed with."""
+
+    expr: object
+    shape: tuple[int, ...]
+
+
 @dataclass
 class Store:
     """Write ``expr`` into ``target`` (viewed as the domain through ``views``)."""
@@ -85,6 +96,7 @@ class Store:
     expr: object
     views: tuple[Node, ...] = ()
     is_row: bool = False  # one number per row (a reduction result or a function of them)
+    domain: tuple[int, ...] | None = None  # the shape ``expr`` spans, where not the target's
 
 
 @dataclass
@@ -143,6 +155,9 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
         if not o.is_tensor:
             raise Unsupported(f"output {o.name} is a number")
         e = lw.value(o)
+        if isinstance(e, Reshaped):
+            stores.append(Store(o, e.expr, domain=e.shape))
+            continue
         stores.append(Store(o, e, is_row=is_row(e)))
     stores.extend(lw.store_writes)
     for st in stores:  # a row value stored over the whole domain (a saved broadcast) is a full store
@@ -156,7 +171,7 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
         return [prog]
     groups: dict[tuple, list[Store]] = {}
     for st in stores:
-        groups.setdefault(tuple(st.target.shape), []).append(st)
+        groups.setdefault(st.domain or tuple(st.target.shape), []).append(st)
     progs = []
     for shape, group in groups.items():
         dims = sorted({e.dim for e in subexpressions(st.expr for st in group) if isinstance(e, Select)})
@@ -312,6 +327,13 @@ class _Lowering:
             leaf = self._leaves[id(v)] = Load(v, row=tuple(v.shape) in self.row_shapes)
         return leaf
 
+    def operand(self, v):
+        """``value(v)`` as an operand of a computation (not a view or a store)."""
+        e = self.value(v)
+        if isinstance(e, Reshaped):
+            raise Unsupported(f"{v.name}, a reshape that merges a cat/pad dim, is computed with")
+        return e
+
     def node(self, node: Node) -> None:
         op = node.op
         out = node.outputs[0]
@@ -321,7 +343,7 @@ class _Lowering:
             if any(isinstance(a, (tuple, list)) for a in node.args):
                 raise Unsupported(f"{op} with sequence arguments")
             # convert_element_type's second argument is the dtype: the node's output says it
-            args = tuple(self.value(a) for a in (node.args[:1] if op == "convert_element_type" else node.args))
+            args = tuple(self.operand(a) for a in (node.args[:1] if op == "convert_element_type" else node.args))
             if all(map(_is_number, args)):
                 self.env[id(out)] = number_op(node, args)
             elif op == "where" and _is_number(args[0]):  # a constant condition (a full): one branch
@@ -344,7 +366,7 @@ class _Lowering:
             raise Unsupported(f"no kernel template for {op}")
 
     def write(self, src, dst: Value, out: Value) -> None:
-        e = self.value(src)
+        e = self.operand(src)
         self.store_writes.append(Store(dst, e, is_row=is_row(e)))
         self.env[id(out)] = e
         self.writes.add(id(out))
@@ -357,7 +379,7 @@ class _Lowering:
         dims = tuple(sorted(node.args[1]))
         if tuple(node.args[0].shape) != tuple(self.seg.domain) or dims != tuple(self.seg.reduced):
             raise Unsupported(f"{node.op} over {dims} of {tuple(node.args[0].shape)} is not the segment's row")
-        arg = self.value(node.args[0])
+        arg = self.operand(node.args[0])
         corr = float(node.kwargs.get("correction", 0) or 0)
         if node.op == "var_mean":
             self.env[id(node.outputs[0])] = Reduce("var", arg, node.outputs[0].dtype, corr)
@@ -371,7 +393,7 @@ class _Lowering:
         out = node.output
         if node.op == "var":
             raise Unsupported("var over size-1 dims")
-        e = self.view(self.value(node.args[0]), Node("reshape", (node.args[0], tuple(out.shape)), {}, node.outputs))
+        e = self.view(self.operand(node.args[0]), Node("reshape", (node.args[0], tuple(out.shape)), {}, node.outputs))
         self.env[id(out)] = e if dtype_of(e) == out.dtype else Op("convert_element_type", (e,), out.dtype)
 
     def view(self, e, node: Node):
@@ -394,8 +416,13 @@ class _Lowering:
             raise Unsupported(f"{node.op} of a reduction result")
         if isinstance(e, Op):
             return Op(e.op, tuple(self.view(a, node) for a in e.args), e.dtype)
+        if isinstance(e, Reshaped) and node.op == "reshape":
+            return e
         if isinstance(e, Select) and node.op == "reshape":
-            return self.reshape_select(e, tuple(node.args[0].shape), tuple(node.outputs[0].shape))
+            before, after = tuple(node.args[0].shape), tuple(node.outputs[0].shape)
+            if _dim_through_reshape(before, after, e.dim) is None:
+                return Reshaped(e, before)
+            return self.reshape_select(e, before, after)
         raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")
 
     def reshape_select(self, e: Select, before: tuple, after: tuple) -> Select:
@@ -434,7 +461,7 @@ class _Lowering:
             d = dim % out.ndim
             bounds, pieces, at = [0], [], 0
             for t in tensors:
-                pieces.append(self.shifted(self.value(t), at, node, d))
+                pieces.append(self.shifted(self.operand(t), at, node, d))
                 at += t.shape[d]
                 bounds.append(at)
             self.env[id(out)] = Select(tuple(pieces), tuple(bounds), 0, out.dtype, d)
@@ -445,7 +472,7 @@ class _Lowering:
             if any(lo < 0 or hi < 0 for lo, hi, _ in config):
                 raise Unsupported("negative padding")
             padded = [d for d, (lo, hi, _) in enumerate(config) if lo or hi] or [out.ndim - 1]
-            e = self.value(a)
+            e = self.operand(a)
             for d in padded:
                 e = self.shifted(e, config[d][0], node, d)
             for d in padded:  # one select per padded dim: fill outside the input's extent there

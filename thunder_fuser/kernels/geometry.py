@@ -41,6 +41,9 @@ class Operand:
     offset: int  # elements from the base tensor's own storage offset
     is_store: bool
     dtype: torch.dtype
+    # an integer iota the kernel computes rather than loads: (start, step, offset); the
+    # value at an element is start + step * (offset + its index in the view)
+    iota: tuple[int, int, int] | None = None
 
     @property
     def inner_mode(self) -> str:
@@ -82,7 +85,8 @@ class Geometry:
 
     def signature(self) -> tuple:
         ops = tuple(
-            (str(o.dtype), o.is_store, o.inner_mode, tuple(s == 0 for s in o.stride[:-1]), o.shape[-1] if o.shape[-1] != self.n else -1)
+            (str(o.dtype), o.is_store, o.inner_mode, tuple(s == 0 for s in o.stride[:-1]), o.shape[-1] if o.shape[-1] != self.n else -1,
+             o.iota)
             for o in self.operands
         )
         return (
@@ -172,9 +176,11 @@ def _select_axes(prog: Program, ref: torch.Tensor, domain) -> tuple[int | None, 
     return inner, (outer[0] if outer else None)
 
 
-def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) -> Geometry:
+def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], iotas: dict | None = None) -> Geometry:
     """``env`` maps ``id(Value)`` to the segment input tensors; ``store_tensors`` are the
-    tensors each store writes (freshly allocated outputs, or the ``out`` of a write)."""
+    tensors each store writes (freshly allocated outputs, or the ``out`` of a write);
+    ``iotas`` gives ``(start, step)`` of the loaded values a kernel may compute instead."""
+    iotas = iotas or {}
     domain = prog.domain
     if not _numel(domain):
         raise Unsupported("an empty domain (nothing to launch)")
@@ -267,10 +273,10 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
     operands: list[Operand] = []
     load_slot: dict[int, int] = {}
 
-    def add(v: torch.Tensor, is_store: bool, bidx: int) -> int:
+    def add(v: torch.Tensor, is_store: bool, bidx: int, iota=None) -> int:
         shape, stride = coalesce(v)
         off = v.storage_offset() - bases[bidx].storage_offset()
-        op = Operand(bidx, shape, stride, off, is_store, v.dtype)
+        op = Operand(bidx, shape, stride, off, is_store, v.dtype, iota and iota + (off,))
         if not is_store:
             for i, o in enumerate(operands):
                 if o == op:
@@ -280,7 +286,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor]) 
 
     for ld in prog.loads:
         v, b = load_view[id(ld)]
-        load_slot[id(ld)] = add(v, False, b)
+        load_slot[id(ld)] = add(v, False, b, iotas.get(id(ld.source)))
     store_slot = [add(v, True, b) for v, b in store_views]
     outer = tuple(_numel(domain[d] for d in g) for g in outer_groups)
     n = _numel(domain[d] for d in inner_group) if inner_group else 1

@@ -97,7 +97,7 @@ class SegmentKernel:
         part.store_recipe = [(id(st.target), a) for st, a in zip(part.prog.stores, part.allocs)]
         stores = _allocate(part.store_recipe, env, device)
         _check_no_overlap(part, env, stores)
-        geo = build_geometry(part.prog, env, stores)
+        geo = build_geometry(part.prog, env, stores, self.iotas.params())
         refs = []
         for b in geo.bases:
             ref = next(((True, i) for i, s in enumerate(stores) if s is b), None)

@@ -72,6 +72,13 @@ def _node_what(node: Node, dom) -> str:
     return f"{node.op} over {dom}"
 
 
+# view ops that any strides express (never a copy): one over region inputs joins a
+# reduction over its domain for free. A thunder trace reorders freely (rematerialization
+# sorts the nodes it moves), so the broadcast of a saved statistic can come right after
+# the row sum it feeds; opening a segment for it would split a layernorm backward in two.
+_STRIDED_VIEWS = ("broadcast_in_dim", "shallow_copy", "transpose", "squeeze")
+
+
 def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent: bool) -> str | None:
     """None when ``node`` (of family ``k``) can join ``seg`` under one kernel template, else
     the reason. ``dependent``: ``seg`` produces one of ``node``'s inputs."""
@@ -101,6 +108,8 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
                 if dom == seg.domain:
                     if seg.kind == "normalization" or any(id(v) in seg.reads for v in node.tensor_inputs()):
                         return None
+                    if node.op in _STRIDED_VIEWS:
+                        return None  # no read of its own: its consumers load through it
                     return f"{_what(seg)} and {_node_what(node, dom)} share no input"
         return f"{_what(seg)} and {_node_what(node, dom)} have different iteration domains"
     if k == "reduction":
