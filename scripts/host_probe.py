@@ -8,6 +8,7 @@ eager op; last, both paths with the launch replaced by a no-op (our dispatch alo
 import thunder_fuser  # noqa: F401
 import thunder
 import torch
+import tvm_ffi
 
 from benchmarks.timing import host_us
 from benchmarks.workloads import gelu_bias
@@ -45,6 +46,7 @@ def main():
     bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
     views = views_for_call(part.geo, bases)
     dev = x.device
+    nop = tvm_ffi.get_global_func("testing.nop")  # the FFI crossing alone, no launch
     rows = [
         ("eager x + 1", lambda: x + 1),
         ("eager gelu(x + b)", lambda: gelu_bias(x, b)),
@@ -53,6 +55,7 @@ def main():
         ("general path (plan.run)", lambda: plan.run(args)),
         ("segment kernel run", lambda: k.run(dict(env))),
         ("bare TVM-FFI kernel call", lambda: part.fn(views)),
+        ("TVM-FFI no-op, same operands", lambda: nop(views)),
         ("torch.empty_strided", lambda: torch.empty_strided((8, 64), (64, 1), **bf)),
         ("torch.empty", lambda: torch.empty((8, 64), dtype=bf["dtype"], device=dev)),
         ("x.new_empty", lambda: x.new_empty((8, 64))),
