@@ -442,22 +442,24 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False):
     (stride 0) or ``V`` accesses; zeros where ``pred`` is false. ``tail``: ``N`` may end
     inside the vector (1-D pointwise only). An iota operand is computed, not loaded."""
     mode = _mode(o, V)
-    if o.iota is not None:
-        if mode == "bcast":
-            one = _frag((1, 1), o.dtype)
-            one[0] = _iota_at(o, t2, m, 0)
-            return one.load().broadcast_to((1, V)) if V > 1 else one.load()
-        frag = _frag((1, V), o.dtype)
-        first = cutlass.Int64(cute.crd2idx((m, j * V), t2.layout))  # one index per vector
-        for k in range(V):
-            frag[k] = _iota_value(o, first, k) if mode == "vec" else _iota_at(o, t2, m, j * V + k)
-        return frag.load()
     if mode == "bcast":
         one = _frag((1, 1), o.dtype)
-        one.fill(0)
-        _gather_if(one, t2, m, 0, 1, pred, 1)
+        if o.iota is not None:
+            one[0] = _iota_at(o, t2, m, 0)
+        else:
+            one.fill(0)
+            _gather_if(one, t2, m, 0, 1, pred, 1)
         return one.load().broadcast_to((1, V)) if V > 1 else one.load()
     frag = _frag((1, V), o.dtype)
+    if o.iota is not None and mode == "vec":
+        first = cutlass.Int64(cute.crd2idx((m, j * V), t2.layout))  # one index per vector
+        for k in range(V):
+            frag[k] = _iota_value(o, first, k)
+        return frag.load()
+    if o.iota is not None:
+        for k in range(V):
+            frag[k] = _iota_at(o, t2, m, j * V + k)
+        return frag.load()
     frag.fill(0)
     if mode == "vec" and not tail:
         _copy_if(tv[(None, (m, j))], frag, pred)

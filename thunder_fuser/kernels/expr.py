@@ -420,20 +420,16 @@ class _Lowering:
             return e
         if isinstance(e, Select) and node.op == "reshape":
             before, after = tuple(node.args[0].shape), tuple(node.outputs[0].shape)
-            if _dim_through_reshape(before, after, e.dim) is None:
-                return Reshaped(e, before)
-            return self.reshape_select(e, before, after)
+            new = _dim_through_reshape(before, after, e.dim)
+            return Reshaped(e, before) if new is None else self.reshape_select(e, new, after)
         raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")
 
-    def reshape_select(self, e: Select, before: tuple, after: tuple) -> Select:
-        """A reshape of a cat/pad result that keeps its dim whole (merging or splitting only
-        the dims on either side, as a linear layer's backward does to a cat of q, k and v
-        gradients): the same select along the new dim, each piece reshaped alike with its
-        own extent there, its loads' shifts moved to the new dim."""
+    def reshape_select(self, e: Select, new: int, after: tuple) -> Select:
+        """A reshape to ``after`` of a cat/pad result that keeps its dim whole, as dim ``new``
+        (merging or splitting only the dims on either side, as a linear layer's backward does
+        to a cat of q, k and v gradients): the same select along the new dim, each piece
+        reshaped alike with its own extent there, its loads' shifts moved to the new dim."""
         d = e.dim
-        new = _dim_through_reshape(before, after, d)
-        if new is None:
-            raise Unsupported(f"a reshape {before} -> {after} that splits or merges cat/pad dim {d}")
 
         def move(x, extent):
             if _is_number(x):

@@ -203,11 +203,9 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
             error = f"{_OVERLAP_MSG} (in-place write into '{v.name}' in {region.name})"
     fresh = {id(o) for n in region.nodes if n.op not in ("copy_", "copy_to_out_", "update_aliases") for o in n.outputs}
     fresh -= {id(v) for v in region.inputs}
-    # a view segment returns views of its inputs, and a kernel segment's outputs that are
-    # views of its inputs or outputs are made by torch after the launch: nothing to
-    # allocate, and no copy into a chosen layout (the SDPA-bound v of a fused QKV split
-    # stays a view of the projection: a copy cost 0.16 ms per step of the GPT block)
-    fresh -= {id(o) for seg in segments if seg.kind == "view" for o in seg.outputs}
+    # outputs that are views of a segment's inputs or outputs (all of a view segment's;
+    # the SDPA-bound v beside a kernel's scaled q and k) are made by torch: nothing to
+    # allocate, and no copy into a chosen layout (for the GPT block's v it cost 0.16 ms a step)
     fresh -= {id(o) for seg in segments for n in alias_views(seg) for o in n.outputs}
     out_strides = [
         strides_for_order(o.shape, orders[id(o)]) if id(o) in fresh and o.is_tensor and id(o) in orders else None
