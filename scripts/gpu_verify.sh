@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # process re-compiles TVM-FFI's and CuTe DSL's sources, which the cache timings would count
 python -m compileall -q -j 0 /tmp/site > /dev/null 2>&1
 timeout "${1:-280}" python -m pytest -q -p no:cacheprovider -rfEs -m cuda tests/test_cuda_kernels.py \
-  tests/test_cuda_workloads.py tests/test_layout.py > "$R/pytest.log" 2>&1; echo "pytest rc=$?"
+  tests/test_cuda_workloads.py tests/test_layout.py tests/test_matmul_layouts.py > "$R/pytest.log" 2>&1; echo "pytest rc=$?"
 grep -E "passed|failed|^FAILED|^ERROR|^E  " "$R/pytest.log" | tail -30
 python examples/demo.py 2>&1 | tail -1
 timeout 60 python scripts/host_probe.py 2>&1 | tail -17

@@ -23,11 +23,12 @@ from thunder.extend import FusionExecutor, register_executor
 
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
-from thunder_fuser.rematerialize import rematerialize_if_safe
+from thunder_fuser.rematerialize import rematerialize_if_safe, writes_in_place
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
 from thunder_fuser.ir.ops import SUPPORTED
+from thunder_fuser.layout import matmul_reads
 from thunder_fuser.printing import op_line, segment_lines
 from thunder_fuser.runtime.region_runner import RegionRunner
 from thunder_fuser.segment import segment_region
@@ -69,6 +70,9 @@ class FuserExecutor(FusionExecutor):
     def __init__(self):
         super().__init__("fuser", version=torch.__version__)
         self._fuel = float("inf")
+        # during fusion_pass's final build: tensor name -> how a matmul of the trace reads it
+        self._matmul_reads: dict[str, str] = {}
+        self._copyable: frozenset[str] = frozenset()  # names whose aliasing nothing observes
         for name in SUPPORTED:
             sym = copy_to_out_ if name == "copy_to_out_" else getattr(prims, name)
             self.register_supported(sym.id, _checker)
@@ -103,6 +107,8 @@ class FuserExecutor(FusionExecutor):
         name = f"fuser{fusion_counter}"
         ir = build_region(name, flat, inputs, outputs)
         ir.grad_enabled = _grad_enabled_at_trace_time()
+        ir.matmul_reads = {o.name: self._matmul_reads[o.name] for o in outputs if o.name in self._matmul_reads}
+        ir.copyable_outputs = frozenset(o.name for o in outputs if o.name in self._copyable)
         debug.dump("region", lambda: "\n".join([name] + [op_line(n) for n in ir.nodes]))
         functionalize(ir)
         cat_before_reshape(ir)
@@ -140,10 +146,42 @@ class FuserExecutor(FusionExecutor):
         out.bound_symbols = fused
         out = rematerialize_if_safe(out)
         out = dce(out)
-        out = update_fusion_call_ctx(out)
+        # the fusions are built again, for the final trace: now each knows which of its
+        # outputs a matmul reads, and lays them out for it
+        self._matmul_reads = matmul_reads(_matmul_calls(out.bound_symbols))
+        self._copyable = _unobserved_aliasing(out)
+        try:
+            out = update_fusion_call_ctx(out)
+        finally:
+            self._matmul_reads, self._copyable = {}, frozenset()
         ms = (time.perf_counter_ns() - start) // 1_000_000
         out.set_provenance(TraceProvenance(f"thunder_fuser fusion (took {ms} milliseconds)"))
         return out
+
+
+# by symbol name: the same for thunder's torch-level symbols, its prims and the torch
+# executor's implementations, which is what the trace holds by the time fusion passes run
+_MATMUL_NAMES = {"matmul": "matmul", "bmm": "matmul", "linear": "linear"}
+
+
+def _matmul_calls(bsyms):
+    """``(op, operand ranks, operand names)`` of each matmul-like call in ``bsyms``."""
+    for b in bsyms:
+        op = _MATMUL_NAMES.get(b.sym.name)
+        if op is None or len(b.args) < 2 or not all(isinstance(a, TensorProxy) for a in b.args[:2]):
+            continue
+        yield op, tuple(a.ndim for a in b.args[:2]), tuple(a.name for a in b.args[:2])
+
+
+def _unobserved_aliasing(trace: TraceCtx) -> frozenset[str]:
+    """Names of the tensors in ``trace`` that may be copies rather than views: all that it
+    does not return, where it writes nothing in place (the same guard as rematerialization's)."""
+    if writes_in_place(trace.bound_symbols):
+        return frozenset()
+    from thunder.core.pytree import tree_flatten
+
+    returned = {x.name for x in tree_flatten(trace.output)[0] if isinstance(x, Proxy)}
+    return frozenset(p.name for b in trace.bound_symbols for p in b.flat_proxy_outs if p.name not in returned)
 
 
 def _grad_enabled_at_trace_time() -> bool:

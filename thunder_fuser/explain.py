@@ -47,6 +47,8 @@ def explain(jfn) -> str:
                         f"segment {i} runs as {k}" + (f" ({plan.fallbacks[i]})" if i in plan.fallbacks else "")
                         for i, k in changed.items()
                     ))
+                for note in plan.layout_notes:
+                    lines.append(f"  for input strides {key}: {note}")
                 for first, why in plan.apart.items():
                     lines.append(f"  for input strides {key}: the segments sharing a launch with segment {first} launch apart: {why}")
             lines.extend("  " + l for l in segment_lines(runner.segments))

@@ -27,11 +27,12 @@ from thunder_fuser.copy_prims import COPY_TO_OUT_ID
 _WRITE_IDS = (prims.PrimIDs.COPY_, COPY_TO_OUT_ID, "copy_", "setitem_")
 
 
-def _writes(bsyms) -> bool:
+def writes_in_place(bsyms) -> bool:
+    """Whether any of ``bsyms``, or any op inside them, writes a tensor in place."""
     for b in bsyms:
         if b.sym.id in _WRITE_IDS or (b.sym.tags and prims.OpTags.IN_PLACE in b.sym.tags):
             return True
-        if _writes(b.subsymbols):
+        if writes_in_place(b.subsymbols):
             return True
     return False
 
@@ -39,7 +40,7 @@ def _writes(bsyms) -> bool:
 def rematerialize_if_safe(trace: TraceCtx) -> TraceCtx:
     """thunder's rematerialization of ``trace``'s fusions, or ``trace`` itself where any
     op writes in place (see the module docstring)."""
-    if _writes(trace.bound_symbols):
+    if writes_in_place(trace.bound_symbols):
         return trace
     from thunder.core.rematerialization import rematerialize
 

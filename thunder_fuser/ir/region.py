@@ -117,6 +117,11 @@ class Region:
     notes: list[str] = field(default_factory=list)
     grad_enabled: bool = False  # the user's grad mode when thunder traced the region
     rewritten_copies: set[str] = field(default_factory=set)  # trace names of copy_ now copy_to_out_
+    # output name -> how a matmul after the region reads it (``layout/matmul_operands.py``)
+    matmul_reads: dict[str, str] = field(default_factory=dict)
+    # outputs whose aliasing nothing can observe (the trace writes nothing in place and does
+    # not return them): a view among them may be stored as a copy (``runtime/stored_views.py``)
+    copyable_outputs: frozenset[str] = frozenset()
 
     def producers(self) -> dict[int, Node]:
         return {id(o): n for n in self.nodes for o in n.outputs}

@@ -192,6 +192,8 @@ def alias_views(seg: Segment) -> list[Node]:
     visible = {id(v) for v in seg.inputs} | {id(o) for o in seg.outputs}
     chosen: set[int] = set()
     for o in seg.outputs:
+        if id(o) in seg.stored_views:
+            continue
         chain, v = [], o
         while id(v) in producer and producer[id(v)].op in METADATA:
             node = producer[id(v)]

@@ -4,5 +4,14 @@ from thunder_fuser.layout.allocation_order import (
     stride_order,
     strides_for_order,
 )
+from thunder_fuser.layout.matmul_operands import matmul_copies, matmul_order, matmul_reads
 
-__all__ = ["dim_provenance", "infer_allocation_orders", "stride_order", "strides_for_order"]
+__all__ = [
+    "dim_provenance",
+    "infer_allocation_orders",
+    "stride_order",
+    "strides_for_order",
+    "matmul_copies",
+    "matmul_order",
+    "matmul_reads",
+]

@@ -18,7 +18,14 @@ from thunder_fuser.kernels.backend import KERNEL_KINDS, _device_of, kernel_mode,
 from thunder_fuser.kernels.expr import Unsupported, alias_views
 from thunder_fuser.kernels.segment_kernel import SegmentKernel, launch_group
 from thunder_fuser.ir.region import Region, Value
-from thunder_fuser.layout import dim_provenance, infer_allocation_orders, stride_order, strides_for_order
+from thunder_fuser.layout import (
+    dim_provenance,
+    infer_allocation_orders,
+    matmul_order,
+    stride_order,
+    strides_for_order,
+)
+from thunder_fuser.runtime.stored_views import with_stored_views
 from thunder_fuser.segment import Segment, schedule_segments
 from thunder_fuser.segment.schedule import Schedule
 
@@ -49,7 +56,9 @@ def transpose_segments(segments: list[Segment], region: Region, orders: dict[int
     """Indices of pointwise segments where some input's fastest dim does not land on the
     output's fastest dim (in the output's index space): those need the tiled transpose
     template. A merged output dim is fastest-consistent when the input's fastest dim is the
-    inner part of it; size-1 and broadcast dims have no order and never count."""
+    inner part of it; where the input's fastest dim is split, its inner part must land on
+    the output's fastest dim (its outer parts may go anywhere); size-1 and broadcast dims
+    have no order and never count."""
     inputs = {v.name: v for v in region.inputs}
     result = set()
     for seg in segments:
@@ -64,7 +73,7 @@ def transpose_segments(segments: list[Segment], region: Region, orders: dict[int
                     v = inputs.get(name)
                     if v is None or id(v) not in orders or v.numel <= 1 or o.shape[j] <= 1:
                         continue
-                    if idim == _innermost(v.shape, orders[id(v)]) and (j != inner or part != nparts - 1):
+                    if idim == _innermost(v.shape, orders[id(v)]) and part == nparts - 1 and j != inner:
                         result.add(seg.index)
     return result
 
@@ -83,6 +92,7 @@ class Plan:
     groups: dict = field(default_factory=dict)  # first segment index of a step -> LaunchGroup, or None
     apart: dict = field(default_factory=dict)  # first segment index of a step -> why it launches apart
     fallbacks: dict = field(default_factory=dict)  # segment index -> why no kernel runs it (for explain)
+    layout_notes: list = field(default_factory=list)  # where matmul readers changed a layout (for explain)
 
     def _kernel_for(self, seg: Segment, env, compile_now: bool = True):
         """Build the segment's kernel at the plan's first call, when every tensor it reads
@@ -193,6 +203,12 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     in_orders, in_bcast = input_layout(region, args)
     prov = dim_provenance(region, in_bcast)
     orders = infer_allocation_orders(region, in_orders, in_bcast, prov)
+    notes = _for_matmuls(region, orders, _fresh_values(region, segments))
+    if kernel_mode({id(v): a for v, a in zip(region.inputs, args)}, region) is not None:
+        segments, stored = with_stored_views(region, segments, args, orders)
+        notes += stored
+    fresh = _fresh_values(region, segments)
+    notes += _for_matmuls(region, orders, fresh)
     kinds = {s.index: s.kind for s in segments}
     for i in transpose_segments(segments, region, orders, prov):
         kinds[i] = "transpose"
@@ -201,26 +217,48 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     for v, a in zip(region.inputs, args):
         if id(v) in written and isinstance(a, torch.Tensor) and torch._debug_has_internal_overlap(a) == 1:
             error = f"{_OVERLAP_MSG} (in-place write into '{v.name}' in {region.name})"
-    fresh = {id(o) for n in region.nodes if n.op not in ("copy_", "copy_to_out_", "update_aliases") for o in n.outputs}
-    fresh -= {id(v) for v in region.inputs}
-    # outputs that are views of a segment's inputs or outputs (all of a view segment's;
-    # the SDPA-bound v beside a kernel's scaled q and k) are made by torch: nothing to
-    # allocate, and no copy into a chosen layout (for the GPT block's v it cost 0.16 ms a step)
-    fresh -= {id(o) for seg in segments for n in alias_views(seg) for o in n.outputs}
     out_strides = [
         strides_for_order(o.shape, orders[id(o)]) if id(o) in fresh and o.is_tensor and id(o) in orders else None
         for o in region.outputs
     ]
     written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
     debug.dump("layout", lambda: _layout_text(region, in_orders, orders, kinds))
-    return Plan(region, segments, orders, kinds, schedule_segments(region, segments), error, out_strides, written_inputs)
+    plan = Plan(region, segments, orders, kinds, schedule_segments(region, segments), error, out_strides, written_inputs)
+    plan.layout_notes = notes
+    return plan
+
+
+def _for_matmuls(region: Region, orders: dict, fresh: set[int]) -> list[str]:
+    """Lay out each output the plan allocates for the matmul that reads it, where one does;
+    a line per output whose order this changed."""
+    notes = []
+    for o in region.outputs:
+        how = region.matmul_reads.get(o.name)
+        if how is not None and id(o) in fresh and id(o) in orders:
+            new = matmul_order(orders[id(o)], how)
+            if new != orders[id(o)]:
+                notes.append(f"output {o.name} in order {new}, not {orders[id(o)]}: a {how} matmul reads it")
+            orders[id(o)] = new
+    return notes
+
+
+def _fresh_values(region: Region, segments: list[Segment]) -> set[int]:
+    """Ids of the values the plan allocates. Outputs that are views of a segment's inputs or
+    outputs (all of a view segment's; the SDPA-bound v beside a kernel's scaled q and k)
+    are made by torch: nothing to allocate, and no copy into a chosen layout (for the GPT
+    block's v it cost 0.16 ms a step)."""
+    fresh = {id(o) for n in region.nodes if n.op not in ("copy_", "copy_to_out_", "update_aliases") for o in n.outputs}
+    fresh -= {id(v) for v in region.inputs}
+    fresh -= {id(o) for seg in segments for n in alias_views(seg) for o in n.outputs}
+    return fresh
 
 
 def _layout_text(region, in_orders, orders, kinds) -> str:
     lines = [f"{region.name}: inputs " + ", ".join(f"{n} order {o}" for n, o in in_orders.items())]
     for o in region.outputs:
         if id(o) in orders:
-            lines.append(f"  output {o.name} {tuple(o.shape)} allocation order {orders[id(o)]}")
+            why = f" (read by a {region.matmul_reads[o.name]} matmul)" if o.name in region.matmul_reads else ""
+            lines.append(f"  output {o.name} {tuple(o.shape)} allocation order {orders[id(o)]}{why}")
     lines.append("  segment kinds: " + ", ".join(f"{i}={k}" for i, k in kinds.items()))
     return "\n".join(lines)
 

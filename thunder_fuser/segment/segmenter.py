@@ -36,6 +36,9 @@ class Segment:
     reduced_values: set = field(default_factory=set)
     split_reason: str | None = None  # why this segment did not join the one before
     reads: set = field(default_factory=set)  # ids of every value its nodes read
+    # ids of outputs that are views but are stored by the kernel all the same (a plan's
+    # choice: ``runtime/stored_views.py``)
+    stored_views: frozenset = frozenset()
 
     def describe(self) -> str:
         if self.kind in ("reduction", "normalization") and self.reduced is not None:
