@@ -110,6 +110,9 @@ def test_the_attention_matmuls_read_every_operand_without_a_copy(torch_kernels):
     report = explain(jfn)
     assert "a batched matmul reads it" in report
     assert "stores view output" in report  # v
+    # q in [b, h, s, e] from the projection's [b, s, h*e]: the split fastest dim's inner part
+    # stays innermost, so no transpose template
+    assert "runs as transpose" not in report
 
 
 def test_layouts_for_matmuls_on_the_reference_backend_too():
