@@ -187,6 +187,26 @@ def _is_bf16_rounded_tanh(e) -> bool:
             and isinstance(e.args[0], Op) and e.args[0].op == "tanh" and e.args[0].dtype == torch.float32)
 
 
+def _is_division_by_a_softmax_sum(e) -> bool:
+    """``a / sum(exp(x - amax(x)))`` in fp32, the sum and the max over one row of one ``x``.
+    Such a divisor is at least 1 (the row's maximum contributes exp(0)) and at most the row
+    length (or NaN), so its reciprocal is a normal float: ``a * (1 / b)``, corrected once, is
+    as exact as the division. The division itself is not cheap here: ``div.rn.f32`` takes a
+    slow path for a zero numerator, and under a causal mask half of the numerators are
+    exp(-inf) = 0 (the GPT block's attention softmax ran at 1.91 TB/s dividing, 2.92 with
+    one reciprocal per row: ``scripts/div_probe.py``)."""
+    if not (isinstance(e, Op) and e.op == "div" and e.dtype == torch.float32):
+        return False
+    total = e.args[1]
+    if not (isinstance(total, Reduce) and total.op == "sum" and isinstance(total.arg, Op) and total.arg.op == "exp"):
+        return False
+    diff = total.arg.args[0]
+    if not (isinstance(diff, Op) and diff.op == "sub"):
+        return False
+    x, peak = diff.args
+    return isinstance(peak, Reduce) and peak.op == "amax" and peak.arg is x
+
+
 class Evaluator:
     """Evaluates expressions for one vector (``load`` gives a leaf's vector); row results
     come from ``row_value`` (shared by every chunk of a row)."""
@@ -211,6 +231,11 @@ class Evaluator:
             # at most one bf16 ulp from the exact tanh, which costs a dozen instructions
             x = _cast(self.ev(e.args[0].args[0]), torch.float32)
             r = _cast(cute.math.tanh(x, fastmath=True), torch.bfloat16)
+        elif _is_division_by_a_softmax_sum(e):
+            a, b = (_cast(self.ev(x), torch.float32) for x in e.args)
+            inv = 1.0 / b  # once per row value: a scalar where ``b`` is one
+            q = a * inv
+            r = q + (a - q * b) * inv
         elif isinstance(e, Op):
             r = apply_op(e, [self.ev(a) for a in e.args], [dtype_of(a) for a in e.args])
         elif isinstance(e, Select):
