@@ -895,32 +895,37 @@ def _groups_to_workspace(acc: cute.Tensor, buf: cute.Tensor, ws: cute.Tensor, ti
             ws[(split, offset + col0 + tidx)] = v
 
 
+# The finalize reads each column's partials of 100+ splits. One thread per column walking
+# them all was latency-bound: 4-16 blocks, 21-39 us each in the GPT block's backward
+# (H100, ncu). FINALIZE_LANES consecutive lanes of a warp now share a column, each walking
+# every FINALIZE_LANES-th split, and combine through butterfly shuffles (every lane ends
+# with the column's result; the first stores it).
+FINALIZE_LANES = 8
+
+
 @cute.jit
-def _combine_splits(ws: cute.Tensor, col, pred: cutlass.Boolean, combine: cutlass.Constexpr,
+def _combine_splits(ws: cute.Tensor, col, lane, pred: cutlass.Boolean, combine: cutlass.Constexpr,
                     identity: cutlass.Constexpr):
-    # the finalize loops over the splits (100+), one thread per column, unrolled 8 times
-    # (H100, the GPT block's fp32 layernorm-weight finalize: 48 -> 38 us; bf16 ones stayed
-    # at 21 us, still latency-bound: several lanes per column would be the next step)
     v = cutlass.Float32(identity)
     if pred:
-        for s in cutlass.range(cute.size(ws, mode=[0]), unroll=8):
+        for s in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES, unroll=4):
             v = combine(v, ws[(s, col)])
-    return v
+    return cute.arch.warp_reduction(v, combine, threads_in_group=FINALIZE_LANES)
 
 
 @cute.jit
-def _sum_splits(ws: cute.Tensor, col, pred: cutlass.Boolean):
-    """The splits' partial sums, Kahan-compensated: hundreds of splits added one after the
-    other would each round at the size of the whole sum."""
+def _sum_splits(ws: cute.Tensor, col, lane, pred: cutlass.Boolean):
+    """The splits' partial sums, Kahan-compensated per lane: hundreds of splits added one
+    after the other would each round at the size of the whole sum."""
     v = cutlass.Float32(0.0)
     lost = cutlass.Float32(0.0)
     if pred:
-        for s in cutlass.range(cute.size(ws, mode=[0]), unroll=8):
+        for s in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES, unroll=4):
             y = ws[(s, col)] - lost
             t = v + y
             lost = (t - v) - y
             v = t
-    return v
+    return cute.arch.warp_reduction(v - lost, operator.add, threads_in_group=FINALIZE_LANES)
 
 
 @cute.jit
@@ -958,17 +963,23 @@ def _welford_groups_to_workspace(mean: cute.Tensor, m2: cute.Tensor, buf_mean: c
 
 
 @cute.jit
-def _welford_combine_splits(ws: cute.Tensor, col, N, M, per, pred: cutlass.Boolean):
-    """The splits' summaries merged one after the other, their means taken relative to the
-    first split's, so that a large mean does not round at every merge."""
+def _welford_combine_splits(ws: cute.Tensor, col, lane, N, M, per, pred: cutlass.Boolean):
+    """The splits' summaries merged one after the other per lane, then across the lanes,
+    their means taken relative to the first split's, so that a large mean does not round
+    at every merge."""
     na = cutlass.Float32(0.0)
     ma = cutlass.Float32(0.0)
     qa = cutlass.Float32(0.0)
     if pred:
         base = ws[(0, col)]
-        for s in cutlass.range(cute.size(ws, mode=[0]), unroll=8):
+        for s in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES, unroll=4):
             nb = cutlass.min(per, M - s * per).to(cutlass.Float32)
             na, ma, qa = _chan(na, ma, qa, nb, ws[(s, col)] - base, ws[(s, col + N)])
+    for k in cutlass.range_constexpr(FINALIZE_LANES.bit_length() - 2, -1, -1):  # offsets L/2 .. 1
+        nb = cute.arch.shuffle_sync_bfly(na, offset=1 << k)
+        mb = cute.arch.shuffle_sync_bfly(ma, offset=1 << k)
+        qb = cute.arch.shuffle_sync_bfly(qa, offset=1 << k)
+        na, ma, qa = _chan(na, ma, qa, nb, mb, qb)
     return qa
 
 
@@ -978,8 +989,8 @@ def build_columns(prog: Program, geo: Geometry):
     row groups, one grid row per split of the reduced extent; each thread walks its rows,
     stores the full-domain values on the way and accumulates each reduction in fp32
     registers, then the block's row groups combine through shared memory into the split's
-    partial in a workspace. The second: one thread per column combines the splits and
-    computes and stores the per-column values."""
+    partial in a workspace. The second: ``FINALIZE_LANES`` lanes per column combine the
+    splits and the first computes and stores the per-column values."""
     V, CW = geo.vector, geo.col_vectors
     T = COLUMN_THREADS
     RG = T // CW
@@ -1047,22 +1058,22 @@ def build_columns(prog: Program, geo: Geometry):
             else:
                 _groups_to_workspace(acc, bufs[0], ws, tidx, split, col0, offset * N, N, V, CW, RG, _COMBINE[e.op])
 
-    def finalize_body(t2s, ws, M, N, per, c):
+    def finalize_body(t2s, ws, M, N, per, c, lane):
         ok = c < N
         values = {}
         for e, offset in zip(reduces, offsets):
             if e.op == "var":
-                r = _welford_combine_splits(ws, offset * N + c, N, M, per, ok) / (M.to(cutlass.Float32) - e.correction)
+                r = _welford_combine_splits(ws, offset * N + c, lane, N, M, per, ok) / (M.to(cutlass.Float32) - e.correction)
             elif e.op in ("sum", "mean"):
-                r = _sum_splits(ws, offset * N + c, ok)
+                r = _sum_splits(ws, offset * N + c, lane, ok)
             else:
-                r = _combine_splits(ws, offset * N + c, ok, _COMBINE[e.op], _IDENTITY[e.op])
+                r = _combine_splits(ws, offset * N + c, lane, ok, _COMBINE[e.op], _IDENTITY[e.op])
             if e.op == "mean":
                 r = r / M.to(cutlass.Float32)
             values[id(e)] = _result(r, e.dtype)
         ev = _row_evaluator(geo, t2s, 0, c, ok, lambda e: values[id(e)])
         for st, slot in per_column:
-            _store_scalar_if(t2s[slot], 0, c, _cast(ev.ev(st.expr), ops[slot].dtype), ok)
+            _store_scalar_if(t2s[slot], 0, c, _cast(ev.ev(st.expr), ops[slot].dtype), ok & (lane == 0))
 
     @cute.kernel
     def partial(t2s, tvs, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
@@ -1074,7 +1085,8 @@ def build_columns(prog: Program, geo: Geometry):
     def finalize(t2s, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        finalize_body(t2s, ws, M, N, per, bidx * T + tidx)
+        g = bidx * T + tidx
+        finalize_body(t2s, ws, M, N, per, g // FINALIZE_LANES, g % FINALIZE_LANES)
 
     @cute.jit
     def launch(ts, ws: cute.Tensor, per: cutlass.Int32, stream):
@@ -1082,7 +1094,8 @@ def build_columns(prog: Program, geo: Geometry):
         blocks_x = (N // V + CW - 1) // CW
         partial(t2s, tvs, ws, M, N, per).launch(grid=[blocks_x, cute.size(ws, mode=[0]), 1], block=[T, 1, 1],
                                                 stream=stream)
-        finalize(t2s, ws, M, N, per).launch(grid=[(N + T - 1) // T, 1, 1], block=[T, 1, 1], stream=stream)
+        finalize(t2s, ws, M, N, per).launch(grid=[(N * FINALIZE_LANES + T - 1) // T, 1, 1], block=[T, 1, 1],
+                                            stream=stream)
 
     return launch
 
