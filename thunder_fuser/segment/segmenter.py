@@ -22,6 +22,7 @@ from thunder_fuser.ir.ops import METADATA, kind_of, reduction_dims
 from thunder_fuser.ir.region import Node, Region, Value
 from thunder_fuser.segment.domains import iteration_domains
 from thunder_fuser.segment.hazards import WriteHazards
+from thunder_fuser.segment.recompute import recompute_reduction_inputs
 
 
 @dataclass(eq=False)
@@ -214,6 +215,7 @@ def segment_region(region: Region) -> list[Segment]:
             seg_of[id(o)] = target
         hazards.placed(node, target)
 
+    recompute_reduction_inputs(region, segments, seg_of)
     _finish(region, segments, seg_of)
     return segments
 
