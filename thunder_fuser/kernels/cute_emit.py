@@ -899,17 +899,32 @@ def _groups_to_workspace(acc: cute.Tensor, buf: cute.Tensor, ws: cute.Tensor, ti
 # them all was latency-bound: 4-16 blocks, 21-39 us each in the GPT block's backward
 # (H100, ncu). FINALIZE_LANES consecutive lanes of a warp now share a column, each walking
 # every FINALIZE_LANES-th split, and combine through butterfly shuffles (every lane ends
-# with the column's result; the first stores it).
+# with the column's result; the first stores it). A lane loads FINALIZE_BATCH splits at a
+# time with no branch between the loads (an index past the end reads the last split and
+# is masked to the identity), so they are in flight together: a loop with a bounds check
+# per load waited for each one (18-34 us per finalize with 8 lanes).
 FINALIZE_LANES = 8
+FINALIZE_BATCH = 8
+
+
+@cute.jit
+def _split_at(ws: cute.Tensor, s, col):
+    """``ws[s, col]`` for ``s`` up to a batch past the end (read at the last split)."""
+    return ws[(cutlass.min(s, cute.size(ws, mode=[0]) - 1), col)]
 
 
 @cute.jit
 def _combine_splits(ws: cute.Tensor, col, lane, pred: cutlass.Boolean, combine: cutlass.Constexpr,
                     identity: cutlass.Constexpr):
     v = cutlass.Float32(identity)
+    S = cute.size(ws, mode=[0])
     if pred:
-        for s in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES, unroll=4):
-            v = combine(v, ws[(s, col)])
+        for s0 in cutlass.range(lane, S, FINALIZE_LANES * FINALIZE_BATCH):
+            xs = []
+            for k in cutlass.range_constexpr(FINALIZE_BATCH):  # the batch's loads first
+                xs.append(_split_at(ws, s0 + k * FINALIZE_LANES, col))
+            for k in cutlass.range_constexpr(FINALIZE_BATCH):
+                v = combine(v, cutlass.select_(s0 + k * FINALIZE_LANES < S, xs[k], cutlass.Float32(identity)))
     return cute.arch.warp_reduction(v, combine, threads_in_group=FINALIZE_LANES)
 
 
@@ -919,12 +934,17 @@ def _sum_splits(ws: cute.Tensor, col, lane, pred: cutlass.Boolean):
     after the other would each round at the size of the whole sum."""
     v = cutlass.Float32(0.0)
     lost = cutlass.Float32(0.0)
+    S = cute.size(ws, mode=[0])
     if pred:
-        for s in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES, unroll=4):
-            y = ws[(s, col)] - lost
-            t = v + y
-            lost = (t - v) - y
-            v = t
+        for s0 in cutlass.range(lane, S, FINALIZE_LANES * FINALIZE_BATCH):
+            xs = []
+            for k in cutlass.range_constexpr(FINALIZE_BATCH):  # the batch's loads first
+                xs.append(_split_at(ws, s0 + k * FINALIZE_LANES, col))
+            for k in cutlass.range_constexpr(FINALIZE_BATCH):
+                y = cutlass.select_(s0 + k * FINALIZE_LANES < S, xs[k], cutlass.Float32(0.0)) - lost
+                t = v + y
+                lost = (t - v) - y
+                v = t
     return cute.arch.warp_reduction(v - lost, operator.add, threads_in_group=FINALIZE_LANES)
 
 
@@ -970,11 +990,20 @@ def _welford_combine_splits(ws: cute.Tensor, col, lane, N, M, per, pred: cutlass
     na = cutlass.Float32(0.0)
     ma = cutlass.Float32(0.0)
     qa = cutlass.Float32(0.0)
+    S = cute.size(ws, mode=[0])
     if pred:
         base = ws[(0, col)]
-        for s in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES, unroll=4):
-            nb = cutlass.min(per, M - s * per).to(cutlass.Float32)
-            na, ma, qa = _chan(na, ma, qa, nb, ws[(s, col)] - base, ws[(s, col + N)])
+        for s0 in cutlass.range(lane, S, FINALIZE_LANES * FINALIZE_BATCH):
+            ms, qs = [], []
+            for k in cutlass.range_constexpr(FINALIZE_BATCH):  # the batch's loads first
+                ms.append(_split_at(ws, s0 + k * FINALIZE_LANES, col))
+                qs.append(_split_at(ws, s0 + k * FINALIZE_LANES, col + N))
+            for k in cutlass.range_constexpr(FINALIZE_BATCH):
+                s = s0 + k * FINALIZE_LANES
+                live = s < S  # past the end: a count of 0 and no squared deviations merge nothing
+                nb = cutlass.select_(live, cutlass.min(per, M - s * per).to(cutlass.Float32), cutlass.Float32(0.0))
+                qb = cutlass.select_(live, qs[k], cutlass.Float32(0.0))
+                na, ma, qa = _chan(na, ma, qa, nb, ms[k] - base, qb)
     for k in cutlass.range_constexpr(FINALIZE_LANES.bit_length() - 2, -1, -1):  # offsets L/2 .. 1
         nb = cute.arch.shuffle_sync_bfly(na, offset=1 << k)
         mb = cute.arch.shuffle_sync_bfly(ma, offset=1 << k)
