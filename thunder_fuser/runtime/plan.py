@@ -223,9 +223,8 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     ]
     written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
     debug.dump("layout", lambda: _layout_text(region, in_orders, orders, kinds))
-    plan = Plan(region, segments, orders, kinds, schedule_segments(region, segments), error, out_strides, written_inputs)
-    plan.layout_notes = notes
-    return plan
+    return Plan(region, segments, orders, kinds, schedule_segments(region, segments), error, out_strides, written_inputs,
+                layout_notes=notes)
 
 
 def _for_matmuls(region: Region, orders: dict, fresh: set[int]) -> list[str]:

@@ -68,21 +68,24 @@ def recompute_reduction_inputs(region: Region, segments: list, seg_of: dict) -> 
                 count += 1
                 out = node.outputs[0]
                 twin = Value(f"{out.name}_r{count}", out.shape, out.dtype, out.is_tensor, out.broadcast_dims)
-                lookup = lambda x: clones.get(id(x), x)  # noqa: E731
-                new_nodes.append(Node(node.op, map_values(node.args, lookup), {k: map_values(a, lookup) for k, a in node.kwargs.items()}, (twin,)))
+                new_nodes.append(_reading(node, clones, (twin,)))
                 producer[id(twin)] = new_nodes[-1]
                 clones[id(out)] = twin
                 seg_of[id(twin)] = seg
         if not new_nodes:
             continue
-        lookup = lambda x: clones.get(id(x), x)  # noqa: E731
         for i, node in enumerate(seg.nodes):  # a copy of each node that reads a clone
             if any(id(x) in clones for x in node.inputs()):
-                seg.nodes[i] = Node(node.op, map_values(node.args, lookup),
-                                    {k: map_values(a, lookup) for k, a in node.kwargs.items()}, node.outputs)
+                seg.nodes[i] = _reading(node, clones, node.outputs)
                 producer.update((id(o), seg.nodes[i]) for o in node.outputs)
         seg.nodes[:0] = new_nodes
         seg.reads = {id(x) for n in seg.nodes for x in n.inputs()}
+
+
+def _reading(node: Node, clones: dict, outputs: tuple) -> Node:
+    """A copy of ``node`` making ``outputs``, reading each clone in place of its original."""
+    lookup = lambda x: clones.get(id(x), x)  # noqa: E731
+    return Node(node.op, map_values(node.args, lookup), {k: map_values(a, lookup) for k, a in node.kwargs.items()}, outputs)
 
 
 def _cone(v: Value, reading: set, owner, producer: dict, seg_of: dict, readers: dict, here: int) -> list[Node] | None:
