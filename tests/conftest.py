@@ -1,11 +1,16 @@
 import thunder_fuser  # noqa: F401  (restores torch compat stubs before thunder imports)
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # CuTe DSL writes --keep-ptx dumps to the working directory unless told otherwise: keep
-# generated kernels out of the checkout (set before cutlass is imported)
-os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="thunder_fuser_dump_"))
+# generated kernels out of the checkout (set before cutlass is imported), in a folder
+# removed when the test run ends
+if "CUTE_DSL_DUMP_DIR" not in os.environ:
+    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="thunder_fuser_dump_")
+    atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], ignore_errors=True)
 
 import pytest
 import torch
