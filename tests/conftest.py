@@ -22,6 +22,12 @@ settings.register_profile("dev", max_examples=30, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))  # thorough: 5,000 examples
 
 
+@pytest.fixture
+def torch_kernels(monkeypatch):
+    """Kernel segments run their lowered programs with torch (the CPU's stand-in for CuTe)."""
+    monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

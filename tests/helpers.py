@@ -145,6 +145,7 @@ def check_gradients(fn, x, params, atol=1e-4, require_kernels: bool = False):
         torch.testing.assert_close(t.grad, r.grad, atol=atol, rtol=atol)
     if require_kernels:
         assert_every_segment_ran_a_kernel(jfn)
+    return jfn
 
 
 def check_layernorm_backward(device: str, shape=(64, 4097), atol=1e-4, require_kernels: bool = False):

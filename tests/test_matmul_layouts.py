@@ -90,11 +90,6 @@ def _attention_after_an_in_place_write(qkv):
     return _attention(qkv)
 
 
-@pytest.fixture
-def torch_kernels(monkeypatch):
-    monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
-
-
 def test_the_attention_matmuls_read_every_operand_without_a_copy(torch_kernels):
     jfn = thunder.jit(_attention, executors=[fuser_ex])
     for _ in range(2):  # the first call plans, the second runs the straight-line code

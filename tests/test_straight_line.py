@@ -16,11 +16,6 @@ from thunder_fuser import fuser_ex
 from thunder_fuser.runtime.region_runner import RegionRunner
 
 
-@pytest.fixture
-def torch_kernels(monkeypatch):
-    monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
-
-
 def _runners(jfn) -> list[RegionRunner]:
     trace = thunder.last_traces(jfn)[-1]
     return [v for v in trace.python_ctx().values() if isinstance(v, RegionRunner)]

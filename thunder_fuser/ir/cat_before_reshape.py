@@ -18,14 +18,9 @@ concatenated one.
 
 from __future__ import annotations
 
+import math
+
 from thunder_fuser.ir.region import Node, Region, Value
-
-
-def _prod(xs) -> int:
-    n = 1
-    for x in xs:
-        n *= x
-    return n
 
 
 def _merge_group(q: tuple, p: tuple, d: int) -> tuple[int, int] | None:
@@ -33,7 +28,7 @@ def _merge_group(q: tuple, p: tuple, d: int) -> tuple[int, int] | None:
     when the reshape leaves every other dim as it is; else None."""
     trail = len(p) - d - 1
     end = len(q) - trail
-    if end <= d or q[:d] != p[:d] or q[end:] != p[d + 1:] or _prod(q[d:end]) != p[d]:
+    if end <= d or q[:d] != p[:d] or q[end:] != p[d + 1:] or math.prod(q[d:end]) != p[d]:
         return None
     return d, end
 
