@@ -907,24 +907,23 @@ FINALIZE_LANES = 8
 FINALIZE_BATCH = 8
 
 
-@cute.jit
-def _split_at(ws: cute.Tensor, s, col):
-    """``ws[s, col]`` for ``s`` up to a batch past the end (read at the last split)."""
-    return ws[(cutlass.min(s, cute.size(ws, mode=[0]) - 1), col)]
+def _split_batch(ws: cute.Tensor, s0, col, fill):
+    """Column ``col`` of splits ``s0, s0 + FINALIZE_LANES, ...`` (FINALIZE_BATCH of them),
+    all loaded before any is used, with no branch between the loads: a split past the end
+    reads the last one and comes out as ``fill``. Traced inline (a Python loop, unrolled)."""
+    S = cute.size(ws, mode=[0])
+    xs = [ws[(cutlass.min(s0 + k * FINALIZE_LANES, S - 1), col)] for k in range(FINALIZE_BATCH)]
+    return [cutlass.select_(s0 + k * FINALIZE_LANES < S, x, fill) for k, x in enumerate(xs)]
 
 
 @cute.jit
 def _combine_splits(ws: cute.Tensor, col, lane, pred: cutlass.Boolean, combine: cutlass.Constexpr,
                     identity: cutlass.Constexpr):
     v = cutlass.Float32(identity)
-    S = cute.size(ws, mode=[0])
     if pred:
-        for s0 in cutlass.range(lane, S, FINALIZE_LANES * FINALIZE_BATCH):
-            xs = []
-            for k in cutlass.range_constexpr(FINALIZE_BATCH):  # the batch's loads first
-                xs.append(_split_at(ws, s0 + k * FINALIZE_LANES, col))
-            for k in cutlass.range_constexpr(FINALIZE_BATCH):
-                v = combine(v, cutlass.select_(s0 + k * FINALIZE_LANES < S, xs[k], cutlass.Float32(identity)))
+        for s0 in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES * FINALIZE_BATCH):
+            for x in _split_batch(ws, s0, col, cutlass.Float32(identity)):
+                v = combine(v, x)
     return cute.arch.warp_reduction(v, combine, threads_in_group=FINALIZE_LANES)
 
 
@@ -934,14 +933,10 @@ def _sum_splits(ws: cute.Tensor, col, lane, pred: cutlass.Boolean):
     after the other would each round at the size of the whole sum."""
     v = cutlass.Float32(0.0)
     lost = cutlass.Float32(0.0)
-    S = cute.size(ws, mode=[0])
     if pred:
-        for s0 in cutlass.range(lane, S, FINALIZE_LANES * FINALIZE_BATCH):
-            xs = []
-            for k in cutlass.range_constexpr(FINALIZE_BATCH):  # the batch's loads first
-                xs.append(_split_at(ws, s0 + k * FINALIZE_LANES, col))
-            for k in cutlass.range_constexpr(FINALIZE_BATCH):
-                y = cutlass.select_(s0 + k * FINALIZE_LANES < S, xs[k], cutlass.Float32(0.0)) - lost
+        for s0 in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES * FINALIZE_BATCH):
+            for x in _split_batch(ws, s0, col, cutlass.Float32(0.0)):
+                y = x - lost
                 t = v + y
                 lost = (t - v) - y
                 v = t
@@ -990,20 +985,15 @@ def _welford_combine_splits(ws: cute.Tensor, col, lane, N, M, per, pred: cutlass
     na = cutlass.Float32(0.0)
     ma = cutlass.Float32(0.0)
     qa = cutlass.Float32(0.0)
-    S = cute.size(ws, mode=[0])
     if pred:
         base = ws[(0, col)]
-        for s0 in cutlass.range(lane, S, FINALIZE_LANES * FINALIZE_BATCH):
-            ms, qs = [], []
-            for k in cutlass.range_constexpr(FINALIZE_BATCH):  # the batch's loads first
-                ms.append(_split_at(ws, s0 + k * FINALIZE_LANES, col))
-                qs.append(_split_at(ws, s0 + k * FINALIZE_LANES, col + N))
+        for s0 in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES * FINALIZE_BATCH):
+            means = _split_batch(ws, s0, col, cutlass.Float32(0.0))
+            m2s = _split_batch(ws, s0, col + N, cutlass.Float32(0.0))
             for k in cutlass.range_constexpr(FINALIZE_BATCH):
-                s = s0 + k * FINALIZE_LANES
-                live = s < S  # past the end: a count of 0 and no squared deviations merge nothing
-                nb = cutlass.select_(live, cutlass.min(per, M - s * per).to(cutlass.Float32), cutlass.Float32(0.0))
-                qb = cutlass.select_(live, qs[k], cutlass.Float32(0.0))
-                na, ma, qa = _chan(na, ma, qa, nb, ms[k] - base, qb)
+                # rows of split s: none past the end (s * per >= M there), so it merges nothing
+                rows = cutlass.max(cutlass.min(per, M - (s0 + k * FINALIZE_LANES) * per), 0)
+                na, ma, qa = _chan(na, ma, qa, rows.to(cutlass.Float32), means[k] - base, m2s[k])
     for k in cutlass.range_constexpr(FINALIZE_LANES.bit_length() - 2, -1, -1):  # offsets L/2 .. 1
         nb = cute.arch.shuffle_sync_bfly(na, offset=1 << k)
         mb = cute.arch.shuffle_sync_bfly(ma, offset=1 << k)
