@@ -389,6 +389,33 @@ def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(pt
     assert "tanh.approx" not in ptx(torch.tanh, _r(64, 256))
 
 
+def _backward_parts(fn, x):
+    """The kernel parts of ``fn``'s backward (planned on the CPU, lowered through torch)."""
+    os.environ["THUNDER_FUSER_KERNELS"] = "torch"
+    try:
+        jfn = thunder.jit(fn, executors=[fuser_ex])
+        y = jfn(x.requires_grad_())
+        y.backward(torch.randn_like(y))
+    finally:
+        del os.environ["THUNDER_FUSER_KERNELS"]
+    return [part for p in plans(thunder.last_backward_traces(jfn)[-1]) for k in p.kernels.values() if k for part in k.parts]
+
+
+def test_bf16_roundings_pack_two_lanes_or_compute_in_bf16(ptx_compile):
+    """thunder rounds every intermediate of a bf16 program. A rounding runs as the packed
+    ``cvt.rn.bf16x2.f32`` (never one conversion per element: those share the quarter-rate
+    pipe with tanh and exp, and bound the GELU backward), and an add or mul of bf16 values
+    (or of constants exact in bf16) runs in bf16 itself, with no conversion; a product as
+    ``fma.rn`` with -0.0, which ptxas cannot fuse into the add after it. The GELU backward's
+    tanh, used both rounded and unrounded, is computed once, exactly."""
+    parts = _backward_parts(lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+                            _r(64, 4096, dtype=torch.bfloat16))
+    ptx = "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in parts)
+    assert "cvt.rn.bf16.f32" not in ptx and "cvt.rn.bf16x2.f32" in ptx
+    assert "fma.rn.bf16x2" in ptx and "add.bf16x2" in ptx and not re.search(r"\bmul(\.rn)?\.bf16x2", ptx)
+    assert "tanh.approx" not in ptx
+
+
 def test_one_tensor_read_as_two_pieces_is_loaded_twice(ptx_compile):
     """``cat((x, x))``: both pieces view the same operand; each needs its own load (its own
     shift and predicate). A cache by operand alone loaded once and wrote zeros for the second."""

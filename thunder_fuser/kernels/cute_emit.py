@@ -42,6 +42,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from thunder_fuser.kernels.expr import (
     Load, Op, Program, Reduce, Select, Unsupported, dtype_of, reductions_in_order, subexpressions,
 )
+from thunder_fuser.kernels import packed_narrowing
 from thunder_fuser.kernels.geometry import COLUMN_THREADS, Geometry, column_state_offsets, mapped_layout, ref_first
 
 DTYPES = {
@@ -66,9 +67,11 @@ def _compute_dtype(dt):
     return torch.float32 if dt in LOW_PRECISION else dt
 
 
-def _cast(x, dt):
+def _cast(x, dt, packed: bool = True):
     if isinstance(x, (bool, int, float)):
         return x if dt.is_floating_point or dt == torch.bool else int(x)
+    if packed and packed_narrowing.packs(x, cute_dtype(dt)):
+        return packed_narrowing.narrow(x, cute_dtype(dt))
     return x.to(cute_dtype(dt))
 
 
@@ -133,6 +136,29 @@ BINARY_MATH = {
 BITWISE = {"bitwise_and": operator.and_, "bitwise_or": operator.or_, "bitwise_xor": operator.xor}
 COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
            "gt": operator.gt, "ge": operator.ge}
+
+
+def _narrowed_operation(e):
+    """``convert_element_type(op(a, b), dt)`` where ``op`` is an fp32 add, sub or mul of
+    values widened from bf16 or fp16 ``dt`` (or constants exact in ``dt``): the
+    operation computed in ``dt`` itself (``add.bf16x2``: no conversion at all) rounds to the
+    same value, since fp32 carries more than twice ``dt``'s precision plus two bits. LLVM
+    makes that rewrite itself only while the narrowing is not packed by hand; returns
+    ``(op, operands)`` with the operands ``dt``-valued expressions or constants, else None."""
+    if not (isinstance(e, Op) and e.op == "convert_element_type" and e.dtype in LOW_PRECISION):
+        return None
+    inner = e.args[0]
+    if not (isinstance(inner, Op) and inner.op in ("add", "sub", "mul") and inner.dtype == torch.float32):
+        return None
+    operands = []
+    for a in inner.args:
+        if isinstance(a, float) and torch.tensor(a, dtype=e.dtype).item() == a:
+            operands.append(a)
+        elif isinstance(a, Op) and a.op == "convert_element_type" and dtype_of(a.args[0]) == e.dtype:
+            operands.append(a.args[0])
+        else:
+            return None
+    return inner.op, operands
 
 
 def apply_op(e: Op, args, arg_dtypes):
@@ -229,8 +255,19 @@ class Evaluator:
             # fast-math tanh lowers to tanh.approx.f32 (one instruction, relative error below
             # 2**-10.9) where the result is rounded to bf16 at once (half an ulp there is 2**-9):
             # at most one bf16 ulp from the exact tanh, which costs a dozen instructions
-            x = _cast(self.ev(e.args[0].args[0]), torch.float32)
-            r = _cast(cute.math.tanh(x, fastmath=True), torch.bfloat16)
+            t = self.memo.get(id(e.args[0]))  # the exact tanh, where an unrounded use needed it already
+            if t is None:
+                t = cute.math.tanh(_cast(self.ev(e.args[0].args[0]), torch.float32), fastmath=True)
+            r = _cast(t, torch.bfloat16)
+        elif (narrowed := _narrowed_operation(e)) is not None:
+            op, operands = narrowed
+            x, y = (_cast(self.ev(a), e.dtype) for a in operands)
+            if op != "mul":
+                r = BINARY_MATH[op](x, y)
+            elif packed_narrowing.multiplies(x, y, cute_dtype(e.dtype)):
+                r = packed_narrowing.multiply(x, y, cute_dtype(e.dtype))
+            else:  # a row scalar: in fp32, rounded once
+                r = _cast(_cast(x, torch.float32) * _cast(y, torch.float32), e.dtype)
         elif _is_division_by_a_softmax_sum(e):
             a, b = (_cast(self.ev(x), torch.float32) for x in e.args)
             inv = 1.0 / b  # once per row value: a scalar where ``b`` is one
