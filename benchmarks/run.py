@@ -41,7 +41,9 @@ CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thun
 L2_BYTES = 50 * 2**20
 
 
-def _jit(kind, fn):
+def _jit(kind, fn, executors=()):
+    """``executors``: thunder executors placed before the contender's own (thunder's
+    defaults hold them already)."""
     if kind == "eager":
         return fn
     if kind == "torch.compile":
@@ -49,12 +51,12 @@ def _jit(kind, fn):
     if kind == "thunder":
         return thunder.jit(fn)
     if kind == "thunder+torchcompile":
-        return thunder.jit(fn, executors=[torch_compile_ex])
-    return thunder.jit(fn, executors=[fuser_ex])
+        return thunder.jit(fn, executors=[*executors, torch_compile_ex])
+    return thunder.jit(fn, executors=[*executors, fuser_ex])
 
 
-def _block_contender(kind, block):
-    model = block if kind == "eager" else _jit(kind, block)
+def _block_contender(kind, block, executors=()):
+    model = block if kind == "eager" else _jit(kind, block, executors)
 
     def step(x):
         y = model(x)
@@ -111,7 +113,7 @@ def run_case(case: Case, copy_tbps: float, log) -> dict:
     results = {}
     for kind in CONTENDERS:
         try:
-            f = _block_contender(kind, copy.deepcopy(block)) if block is not None else _jit(kind, fn)
+            f = _block_contender(kind, copy.deepcopy(block), case.executors) if block is not None else _jit(kind, fn)
             trial = _clone(pristine)
             backend.forget_warnings()  # each contender's fallbacks warn afresh (one warning per segment)
             with warnings.catch_warnings(record=True) as caught:

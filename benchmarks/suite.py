@@ -24,6 +24,7 @@ class Case:
     written: Callable[[tuple, object], list] | None = None  # tensors written (default: the outputs)
     backward: bool = False
     kind: str = "large"  # small: host-overhead-bound; large: bandwidth-bound
+    executors: tuple = ()  # thunder executors the thunder contenders take before their own
 
 
 def _bf(*shape):
@@ -85,6 +86,10 @@ def cases() -> list[Case]:
     for size, (b, s) in (("small", (1, 64)), ("large", (8, 1024))):
         _add(out, size, Case("transformer block fwd+bwd bf16", f"[{b}, {s}, 1024]", None,
                         lambda b=b, s=s: (_bf(b, s, 1024).requires_grad_(),), backward=True))
+    # as a user runs a transformer: thunder's sdpa executor takes the attention (flash or
+    # cuDNN), which thunder decomposes into matmuls and a softmax without it
+    _add(out, "large", Case("transformer block fwd+bwd bf16, with sdpa_ex", "[8, 1024, 1024]", None,
+                            lambda: (_bf(8, 1024, 1024).requires_grad_(),), backward=True, executors=("sdpa",)))
     return out
 
 
