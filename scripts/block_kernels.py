@@ -7,6 +7,10 @@ sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block
 launch__registers_per_thread python scripts/block_kernels.py > k.csv
     python scripts/block_kernels.py --table k.csv
 
+Options of the profiled run: ``--sdpa`` (thunder's sdpa executor takes the attention, as in
+the suite's "with sdpa_ex" block), ``--contender KIND`` (a contender of ``benchmarks.run``
+other than thunder+fuser, e.g. torch.compile, to read its kernels beside ours).
+
 Each region call is an NVTX range (``fuserN``) so that ncu renames its kernels; the step
 is profiled after a warm one (compiles and plans happen outside the profile)."""
 import csv
@@ -27,7 +31,7 @@ def table(path: str) -> None:
     print(f"{len(rows)} kernels, {total / 1e3:.3f} ms under ncu's clocks")
 
 
-def main():
+def main(argv):
     import thunder_fuser  # noqa: F401
     import torch
 
@@ -48,7 +52,8 @@ def main():
     torch.manual_seed(0)
     block = TransformerBlock().cuda().to(torch.bfloat16)
     x = torch.randn(8, 1024, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    step = _block_contender("thunder+fuser", block)
+    kind = argv[argv.index("--contender") + 1] if "--contender" in argv else "thunder+fuser"
+    step = _block_contender(kind, block, ("sdpa",) if "--sdpa" in argv else ())
     step(x)
     step(x)
     torch.cuda.synchronize()
@@ -59,4 +64,4 @@ def main():
 
 
 if __name__ == "__main__":
-    table(sys.argv[2]) if sys.argv[1:2] == ["--table"] else main()
+    table(sys.argv[2]) if sys.argv[1:2] == ["--table"] else main(sys.argv[1:])

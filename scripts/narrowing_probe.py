@@ -1,0 +1,57 @@
+"""Packed bf16 roundings on and off, alternately in one process (dev aid; GPU machine):
+device ms of thunder+fuser on the large bf16 workloads and the transformer block, with
+``packed_narrowing`` and ``cute_emit._narrowed_operation`` as they are ("packed") and
+disabled ("llvm": LLVM's own lowering of each rounding), three rounds each, fresh kernel
+caches per variant, beside torch.compile measured once."""
+import os
+import tempfile
+
+import thunder_fuser  # noqa: F401
+import thunder
+import torch
+
+from benchmarks.run import _block_contender
+from benchmarks.suite import cases
+from benchmarks.timing import device_ms
+from benchmarks.workloads import TransformerBlock
+from thunder_fuser import fuser_ex
+from thunder_fuser.kernels import cache, cute_emit, packed_narrowing
+
+NAMES = ("gelu(x + bias) bf16", "RoPE Llama-3-8B bf16", "RoPE Mistral-7B bf16", "rotate-half + residual bf16")
+PACKS, NARROWED = packed_narrowing.packs, cute_emit._narrowed_operation
+
+
+def _variant(packed: bool) -> None:
+    packed_narrowing.packs = PACKS if packed else (lambda *a: False)
+    cute_emit._narrowed_operation = NARROWED if packed else (lambda e: None)
+    os.environ["THUNDER_FUSER_CACHE"] = tempfile.mkdtemp()
+    cache.clear_memory()
+
+
+def main():
+    chosen = [c for c in cases() if c.kind == "large" and c.name in NAMES]
+    torch.manual_seed(0)
+    block = TransformerBlock().cuda().to(torch.bfloat16)
+    x = torch.randn(8, 1024, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    rows = {c.name: [] for c in chosen} | {"block": [], "block, sdpa_ex": []}
+    for c in chosen:
+        args = c.make()
+        rows[c.name].append(f"compile {device_ms(torch.compile(c.fn), [args])[0]:.4f}")
+    for _ in range(3):
+        for packed in (True, False):
+            _variant(packed)
+            tag = "packed" if packed else "llvm"
+            for c in chosen:
+                args = c.make()
+                f = thunder.jit(c.fn, executors=[fuser_ex])
+                f(*args)
+                rows[c.name].append(f"{tag} {device_ms(f, [args])[0]:.4f}")
+            for name, ex in (("block", ()), ("block, sdpa_ex", ("sdpa",))):
+                step = _block_contender("thunder+fuser", block, ex)
+                rows[name].append(f"{tag} {device_ms(step, [(x,)], reps=20)[0]:.4f}")
+    for name, r in rows.items():
+        print(f"{name:30s} " + "  ".join(r))
+
+
+if __name__ == "__main__":
+    main()
