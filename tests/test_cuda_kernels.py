@@ -264,10 +264,11 @@ def test_low_precision_arithmetic_matches_eager_bit_for_bit(dtype):
     """An add, sub or mul of bf16 (fp16) values that thunder widens to fp32 and rounds back
     runs in bf16 (``add.bf16x2``), and other roundings pack two lanes per conversion: both
     give eager's bits exactly (fp32 has more than twice the precision plus two bits, so its
-    intermediate rounding never shows). Inputs span many binades."""
+    intermediate rounding never shows). Inputs span many binades. The last output multiplies
+    by a per-row value (a scalar in the kernel: computed in fp32, rounded once)."""
 
     def f(a, b):
-        return (a * b + a) * 0.5 - b * 3.0, a * 0.1 + b, -(a - b) * b
+        return (a * b + a) * 0.5 - b * 3.0, a * 0.1 + b, -(a - b) * b, a * b.amax(-1, keepdim=True)
 
     low, high = (-20, 12) if dtype == torch.bfloat16 else (-6, 4)  # fp16 overflows at 65504
     scale = torch.exp2(torch.randint(low, high, (64, 4096), device="cuda").float())

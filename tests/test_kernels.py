@@ -416,6 +416,12 @@ def test_bf16_roundings_pack_two_lanes_or_compute_in_bf16(ptx_compile):
     assert "tanh.approx" not in ptx
 
 
+def test_fp16_roundings_pack_two_lanes_too(ptx_compile):
+    (part,) = _planned_parts(lambda a, b: (a * 0.1 + b) * a, (_r(64, 256, dtype=torch.float16), _r(64, 256, dtype=torch.float16)))
+    ptx = _ptx(segment_kernel.compile_program(part.prog, part.geo, None))
+    assert "cvt.rn.f16x2.f32" in ptx and "cvt.rn.f16.f32" not in ptx and "fma.rn.f16x2" in ptx
+
+
 def test_one_tensor_read_as_two_pieces_is_loaded_twice(ptx_compile):
     """``cat((x, x))``: both pieces view the same operand; each needs its own load (its own
     shift and predicate). A cache by operand alone loaded once and wrote zeros for the second."""
