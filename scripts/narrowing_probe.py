@@ -1,8 +1,9 @@
 """Packed bf16 roundings on and off, alternately in one process (dev aid; GPU machine):
-device ms of thunder+fuser on the large bf16 workloads and the transformer block, with
+device ms of thunder+fuser on the large bf16 pointwise workloads, with
 ``packed_narrowing`` and ``cute_emit._narrowed_operation`` as they are ("packed") and
 disabled ("llvm": LLVM's own lowering of each rounding), three rounds each, fresh kernel
-caches per variant, beside torch.compile measured once."""
+caches per variant, beside torch.compile measured once. (The transformer block's effect is
+read per kernel with ``scripts/block_kernels.py`` and in the suite.)"""
 import os
 import tempfile
 
@@ -10,10 +11,8 @@ import thunder_fuser  # noqa: F401
 import thunder
 import torch
 
-from benchmarks.run import _block_contender
 from benchmarks.suite import cases
 from benchmarks.timing import device_ms
-from benchmarks.workloads import TransformerBlock
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import cache, cute_emit, packed_narrowing
 
@@ -30,10 +29,7 @@ def _variant(packed: bool) -> None:
 
 def main():
     chosen = [c for c in cases() if c.kind == "large" and c.name in NAMES]
-    torch.manual_seed(0)
-    block = TransformerBlock().cuda().to(torch.bfloat16)
-    x = torch.randn(8, 1024, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    rows = {c.name: [] for c in chosen} | {"block": [], "block, sdpa_ex": []}
+    rows = {c.name: [] for c in chosen}
     inputs = {c.name: c.make() for c in chosen}  # all random inputs before any graph capture
     for c in chosen:
         args = inputs[c.name]
@@ -47,9 +43,6 @@ def main():
                 f = thunder.jit(c.fn, executors=[fuser_ex])
                 f(*args)
                 rows[c.name].append(f"{tag} {device_ms(f, [args])[0]:.4f}")
-            for name, ex in (("block", ()), ("block, sdpa_ex", ("sdpa",))):
-                step = _block_contender("thunder+fuser", block, ex)
-                rows[name].append(f"{tag} {device_ms(step, [(x,)], reps=20)[0]:.4f}")
     for name, r in rows.items():
         print(f"{name:30s} " + "  ".join(r))
 

@@ -67,10 +67,10 @@ def _compute_dtype(dt):
     return torch.float32 if dt in LOW_PRECISION else dt
 
 
-def _cast(x, dt, packed: bool = True):
+def _cast(x, dt):
     if isinstance(x, (bool, int, float)):
         return x if dt.is_floating_point or dt == torch.bool else int(x)
-    if packed and packed_narrowing.packs(x, cute_dtype(dt)):
+    if packed_narrowing.packs(x, cute_dtype(dt)):
         return packed_narrowing.narrow(x, cute_dtype(dt))
     return x.to(cute_dtype(dt))
 
