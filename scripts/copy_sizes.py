@@ -8,13 +8,17 @@ from benchmarks.timing import device_ms
 
 
 def main():
-    for mb in (86, 134, 170, 268, 537, 2147):  # Mistral, gelu/softmax, Llama, rotate-half, rmsnorm, 1 GiB
-        n = mb * 10**6 // 2 // 4  # fp32 elements per buffer
-        a = torch.randn(n, device="cuda")
-        b = torch.empty_like(a)
-        ms, _ = device_ms(lambda: b.copy_(a), [()], reps=50)
-        print(f"copy of {2 * n * 4 / 1e6:7.0f} MB moved: {ms * 1e3:7.1f} us, {2 * n * 4 / ms / 1e9:.2f} TB/s")
-        del a, b
+    # MiB per buffer: RoPE Mistral-7B and Llama-3-8B, gelu/softmax, rotate-half, the suite's two
+    for mib in (41, 81, 64, 128, 256, 1024):
+        _row(mib * 2**20 // 4)
+    _row(268_375_000)  # 1 GiB less 60 KB: a size that is not a multiple of a large power of two
+
+
+def _row(n: int) -> None:
+    a = torch.randn(n, device="cuda")
+    b = torch.empty_like(a)
+    ms, _ = device_ms(lambda: b.copy_(a), [()], reps=50)
+    print(f"copy of {n * 4 / 2**20:8.1f} MiB: {ms * 1e3:7.1f} us, {2 * n * 4 / ms / 1e9:.2f} TB/s (read + written)")
 
 
 if __name__ == "__main__":
