@@ -96,6 +96,16 @@ def copy_bandwidth() -> float:
     return best
 
 
+def same_size_copy(nbytes: int) -> float:
+    """TB/s of a device-to-device copy that moves ``nbytes`` (read plus written), beside
+    which a workload of that size is read too: a 35 us workload pays a launch ramp and a
+    tail that the reference copy's 256 MiB-1 GiB buffers amortize."""
+    a = torch.randn(max(1, nbytes // 8), device="cuda")
+    b = torch.empty_like(a)
+    ms, _ = device_ms(lambda: b.copy_(a), [()], reps=50)
+    return 2 * a.numel() * 4 / ms / 1e9
+
+
 def run_case(case: Case, copy_tbps: float, log) -> dict:
     torch.manual_seed(0)
     args = case.make()
@@ -139,7 +149,10 @@ def run_case(case: Case, copy_tbps: float, log) -> dict:
                              "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
             log.write(f"{case.name} {case.size} {kind} FAILED\n{traceback.format_exc()}\n")
         log.flush()
-    return {"name": case.name, "size": case.size, "bytes": bytes_, "results": results}
+    out = {"name": case.name, "size": case.size, "bytes": bytes_, "results": results}
+    if case.kind == "large" and not case.backward:
+        out["same_size_copy_TBps"] = same_size_copy(bytes_)
+    return out
 
 
 def _tensors(x):
