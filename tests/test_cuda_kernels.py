@@ -264,11 +264,13 @@ def test_low_precision_arithmetic_matches_eager_bit_for_bit(dtype):
     """An add, sub or mul of bf16 (fp16) values that thunder widens to fp32 and rounds back
     runs in bf16 (``add.bf16x2``), and other roundings pack two lanes per conversion: both
     give eager's bits exactly (fp32 has more than twice the precision plus two bits, so its
-    intermediate rounding never shows). Inputs span many binades. The last output multiplies
-    by a per-row value (a scalar in the kernel: computed in fp32, rounded once)."""
+    intermediate rounding never shows). Inputs span many binades. One output multiplies by a
+    per-row value (a scalar in the kernel: computed in fp32, rounded once); the last two widen
+    a sum with a constant, which must be rounded before it is widened."""
 
     def f(a, b):
-        return (a * b + a) * 0.5 - b * 3.0, a * 0.1 + b, -(a - b) * b, a * b.amax(-1, keepdim=True)
+        return ((a * b + a) * 0.5 - b * 3.0, a * 0.1 + b, -(a - b) * b, a * b.amax(-1, keepdim=True),
+                (a + 0.5).float(), (0.25 - b).float())
 
     low, high = (-20, 12) if dtype == torch.bfloat16 else (-6, 4)  # fp16 overflows at 65504
     scale = torch.exp2(torch.randint(low, high, (64, 4096), device="cuda").float())

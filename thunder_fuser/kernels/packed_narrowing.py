@@ -71,10 +71,19 @@ def multiplies(a, b, dtype) -> bool:
             and all(_pairs(x) and x.dtype is dtype for x in vectors))
 
 
+def as_vectors(a, b, dtype) -> tuple:
+    """``a`` and ``b`` with a Python number beside a ``dtype`` vector made a vector of it
+    (the DSL would compute a vector and a number in fp32)."""
+    like = b if isinstance(a, (int, float)) else a
+    if not (isinstance(like, cute.TensorSSA) and like.dtype is dtype):
+        return a, b
+    return tuple(cute.full_like(like, x, dtype) if isinstance(x, (int, float)) else x for x in (a, b))
+
+
 def multiply(a, b, dtype) -> cute.TensorSSA:
     """``a * b`` rounded per lane (``fma.rn`` with -0.0), two lanes per instruction."""
     like = a if isinstance(b, (int, float)) else b
-    a, b = (cute.full_like(like, x, dtype) if isinstance(x, (int, float)) else x for x in (a, b))
+    a, b = as_vectors(a, b, dtype)
     zeros = arith.constant(T.i32(), _NEGATIVE_ZEROS)
     words = [_asm(_PACKED_MUL[dtype], "=r,r,r,r", [x, y, zeros]) for x, y in zip(_words(a), _words(b))]
     return _from_words(words, like.shape, dtype)
