@@ -9,6 +9,11 @@ import os
 import sys
 
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
+# a large workload is also read beside a copy of its own bytes below this many bytes moved:
+# a 35 us workload pays a launch ramp and a tail that the reference copy's 256 MiB-1 GiB
+# buffers amortize; larger copies ran at 2.36-3.01 TB/s from one allocation to the next
+# (benchmarks/RESULTS.md), where the reference copy is the steadier yardstick
+SAME_SIZE_COPY_BELOW = 2**28
 
 
 def _fmt(x, spec):

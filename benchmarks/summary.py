@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from benchmarks.report import CONTENDERS
+from benchmarks.report import CONTENDERS, SAME_SIZE_COPY_BELOW
 
 
 def summary(doc, warm) -> str:
@@ -31,9 +31,7 @@ def summary(doc, warm) -> str:
             continue
         sp, pct = c["ms"] / f["ms"], 100 * f["TBps"] / copy
         ok = "met" if pct >= 85 and sp >= 1.1 else ("bandwidth met, speedup missed" if pct >= 85 else "missed")
-        # under 256 MiB moved only: larger copies ran at 2.36-3.01 TB/s from one allocation to
-        # the next (benchmarks/RESULTS.md), where the reference copy is the steadier yardstick
-        small = w.get("same_size_copy_TBps") and w["bytes"] < 2**28
+        small = w.get("same_size_copy_TBps") and w["bytes"] < SAME_SIZE_COPY_BELOW  # older runs measured all
         same = f"{100 * f['TBps'] / w['same_size_copy_TBps']:.0f}" if small else ""
         lines.append(f"| {w['name']} | {w['size']} | {f['TBps']:.2f} | {pct:.0f} | {same} | {c['TBps']:.2f} | {sp:.2f} | {ok} |")
     lines += ["", "Host overhead per call, small sizes (us, wall clock of 100 back-to-back calls):", "",

@@ -261,16 +261,15 @@ class Evaluator:
             r = _cast(t, torch.bfloat16)
         elif (narrowed := _narrowed_operation(e)) is not None:
             op, operands = narrowed
-            x, y = (_cast(self.ev(a), e.dtype) for a in operands)
+            dt = cute_dtype(e.dtype)
+            x, y = packed_narrowing.as_vectors(*(_cast(self.ev(a), e.dtype) for a in operands), dt)
             if op != "mul":
-                r = BINARY_MATH[op](*packed_narrowing.as_vectors(x, y, cute_dtype(e.dtype)))
-            elif packed_narrowing.multiplies(x, y, cute_dtype(e.dtype)):
-                r = packed_narrowing.multiply(x, y, cute_dtype(e.dtype))
-            else:  # a row scalar: in fp32, rounded once
+                r = BINARY_MATH[op](x, y)
+            elif packed_narrowing.multiplies(x, y, dt):
+                r = packed_narrowing.multiply(x, y, dt)
+            else:  # a row scalar: in fp32
                 r = _cast(x, torch.float32) * _cast(y, torch.float32)
-            # the DSL computes a vector and a Python number in fp32: round it here, or a
-            # widening consumer would read the unrounded sum
-            r = _cast(r, e.dtype)
+            r = _cast(r, e.dtype)  # rounded here, or a widening consumer would read it unrounded
         elif _is_division_by_a_softmax_sum(e):
             a, b = (_cast(self.ev(x), torch.float32) for x in e.args)
             inv = 1.0 / b  # once per row value: a scalar where ``b`` is one

@@ -63,14 +63,6 @@ def narrow(x: cute.TensorSSA, dtype) -> cute.TensorSSA:
     return _from_words(words, x.shape, dtype)
 
 
-def multiplies(a, b, dtype) -> bool:
-    """Whether ``multiply`` applies: bf16 or fp16 vectors of an even number of lanes, or one
-    of them a Python number."""
-    vectors = [x for x in (a, b) if not isinstance(x, (int, float))]
-    return (dtype in _PACKED_MUL and bool(vectors)
-            and all(_pairs(x) and x.dtype is dtype for x in vectors))
-
-
 def as_vectors(a, b, dtype) -> tuple:
     """``a`` and ``b`` with a Python number beside a ``dtype`` vector made a vector of it
     (the DSL would compute a vector and a number in fp32)."""
@@ -80,10 +72,13 @@ def as_vectors(a, b, dtype) -> tuple:
     return tuple(cute.full_like(like, x, dtype) if isinstance(x, (int, float)) else x for x in (a, b))
 
 
+def multiplies(a, b, dtype) -> bool:
+    """Whether ``multiply`` applies: two bf16 or fp16 vectors of an even number of lanes."""
+    return dtype in _PACKED_MUL and all(_pairs(x) and x.dtype is dtype for x in (a, b))
+
+
 def multiply(a, b, dtype) -> cute.TensorSSA:
     """``a * b`` rounded per lane (``fma.rn`` with -0.0), two lanes per instruction."""
-    like = a if isinstance(b, (int, float)) else b
-    a, b = as_vectors(a, b, dtype)
     zeros = arith.constant(T.i32(), _NEGATIVE_ZEROS)
     words = [_asm(_PACKED_MUL[dtype], "=r,r,r,r", [x, y, zeros]) for x, y in zip(_words(a), _words(b))]
-    return _from_words(words, like.shape, dtype)
+    return _from_words(words, a.shape, dtype)

@@ -18,6 +18,8 @@ matrix dim.
 
 from __future__ import annotations
 
+import math
+
 BATCHED = "batched"  # both operands have 3+ dims: the batch dims merge, then bmm
 FOLDED = "folded"  # linear's input, or a 3+-dim matmul operand beside a matrix: leading dims merge
 
@@ -73,9 +75,7 @@ def matmul_copies(shape, strides, how: str) -> bool:
     if ndim == 2:
         return not _blas_matrix(shape[0], shape[1], strides[0], strides[1])
     if how == FOLDED and _merge_as_view(shape[:-1], strides[:-1]):
-        rows = 1
-        for n in shape[:-1]:
-            rows *= n
+        rows = math.prod(shape[:-1])
         inner = [s for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
         if _blas_matrix(rows, shape[-1], inner[-1] if inner else 1, strides[-1]):
             return False

@@ -203,12 +203,14 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     in_orders, in_bcast = input_layout(region, args)
     prov = dim_provenance(region, in_bcast)
     orders = infer_allocation_orders(region, in_orders, in_bcast, prov)
-    notes = _for_matmuls(region, orders, _fresh_values(region, segments))
+    fresh = _fresh_values(region, segments)
+    notes = _for_matmuls(region, orders, fresh)
     if kernel_mode({id(v): a for v, a in zip(region.inputs, args)}, region) is not None:
         segments, stored = with_stored_views(region, segments, args, orders)
-        notes += stored
-    fresh = _fresh_values(region, segments)
-    notes += _for_matmuls(region, orders, fresh)
+        if stored:  # the stored views are allocated now too: lay them out for their matmul
+            now = _fresh_values(region, segments)
+            notes += stored + _for_matmuls(region, orders, now - fresh)
+            fresh = now
     kinds = {s.index: s.kind for s in segments}
     for i in transpose_segments(segments, region, orders, prov):
         kinds[i] = "transpose"
