@@ -2,8 +2,12 @@
 from the wall clock.
 
 * ``device_ms``: the call is captured once in a CUDA graph (each of several input sets, so
-  inputs that fit in L2 rotate) and the graph is replayed between CUDA events; the median
-  over at least 50 replays is the time the GPU spends, free of Python and launch gaps. A
+  inputs that fit in L2 rotate) and the graph is replayed between CUDA events, replays
+  queued back to back as a training step queues its kernels; the median over at least 50
+  replays is the time the GPU spends, free of Python and launch gaps. (Until session 12 the
+  host waited for each replay before it issued the next: each then began on an idle GPU,
+  and the graph launch's latency, 2-5 us, was counted in. That cost a 35 us workload such
+  as RoPE Mistral-7B 5-10% and a 180 us copy about 1%: ``scripts/timing_probe.py``.) A
   call that cannot be captured (a host sync inside) is timed with events around each call
   instead, and the result says so (``graph: False``): that number includes host time
   whenever the host is slower than the GPU.
@@ -19,20 +23,29 @@ import time
 import torch
 
 
-def _events_ms(run, reps: int) -> list[float]:
-    out = []
+def _events_ms(run, reps: int, queued: bool = False) -> list[float]:
+    """Milliseconds between an event before and one after each of ``reps`` calls of ``run``.
+
+    ``queued``: the host does not wait for one call before it issues the next, so while the
+    GPU works on one the next is already queued behind it and its start event is stamped as
+    the previous call ends. Waiting instead leaves the GPU idle at each start event until the
+    host's launch of the work arrives, and that launch latency (microseconds) is counted."""
+    pairs = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         run()
         e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e))
-    return out
+        if not queued:
+            e.synchronize()
+        pairs.append((s, e))
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in pairs]
 
 
-def device_ms(fn, arg_sets: list[tuple], reps: int = 50, warmup: int = 3) -> tuple[float, bool]:
-    """Median milliseconds of one call of ``fn`` on the GPU, and whether a graph was used."""
+def device_ms(fn, arg_sets: list[tuple], reps: int = 50, warmup: int = 3, queued: bool = True) -> tuple[float, bool]:
+    """Median milliseconds of one call of ``fn`` on the GPU, and whether a graph was used.
+    ``queued``: graph replays are issued back to back (see ``_events_ms``)."""
     for _ in range(warmup):
         for a in arg_sets:
             fn(*a)
@@ -60,7 +73,7 @@ def device_ms(fn, arg_sets: list[tuple], reps: int = 50, warmup: int = 3) -> tup
 
         for _ in range(3):
             replay()
-        return statistics.median(_events_ms(replay, reps)), True
+        return statistics.median(_events_ms(replay, reps, queued)), True
     except Exception:  # noqa: BLE001 - not capturable: plain events
         torch.cuda.synchronize()
         i = [0]
