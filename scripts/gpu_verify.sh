@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call to verify and measure: every cuda-marked test (kernels, workloads, SDPA
-# layouts), the demo, the host probe, the benchmark suite
+# layouts, random programs on kernels), the demo, the host probe, the benchmark suite
 # and Nsight Compute on the workloads named in NCU (';'-separated), each under its own time
 # limit. Logs and results come back as one archive, $OUT/gpu.tgz.
 # Usage there: source .whl/env.sh || exit; bash scripts/gpu_verify.sh [TEST_S] [SUITE_S]
@@ -11,7 +11,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # process re-compiles TVM-FFI's and CuTe DSL's sources, which the cache timings would count
 python -m compileall -q -j 0 /tmp/site > /dev/null 2>&1
 timeout "${1:-280}" python -m pytest -q -p no:cacheprovider -rfEs -m cuda tests/test_cuda_kernels.py \
-  tests/test_cuda_workloads.py tests/test_layout.py tests/test_matmul_layouts.py > "$R/pytest.log" 2>&1; echo "pytest rc=$?"
+  tests/test_cuda_workloads.py tests/test_layout.py tests/test_matmul_layouts.py \
+  tests/test_pointwise_properties.py tests/test_resize_properties.py tests/test_inplace_properties.py > "$R/pytest.log" 2>&1; echo "pytest rc=$?"
 grep -E "passed|failed|^FAILED|^ERROR|^E  " "$R/pytest.log" | tail -30
 python examples/demo.py 2>&1 | tail -1
 timeout 60 python scripts/host_probe.py 2>&1 | tail -17

@@ -3,6 +3,7 @@ and the final contents of every input."""
 
 from __future__ import annotations
 
+import pytest
 import thunder
 import torch
 
@@ -163,6 +164,27 @@ def plans(trace) -> list:
     from thunder_fuser.runtime.region_runner import RegionRunner
 
     return [p for v in trace.python_ctx().values() if isinstance(v, RegionRunner) for p in v.plans.values()]
+
+
+def compile_planned_kernels_to_ptx(fn, args) -> None:
+    """Plan ``fn`` on ``args`` (CPU tensors) with the torch backend, then compile each planned
+    kernel for sm_90a (CuTe DSL needs no GPU for that) into a fresh disk cache: a kernel
+    that would fail to generate or compile on the GPU, and fall back there, raises here."""
+    import tempfile
+
+    from thunder_fuser.kernels import segment_kernel
+
+    pytest.importorskip("cutlass")
+    with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory() as tmp:
+        mp.setenv("CUTE_DSL_ARCH", "sm_90a")
+        mp.setenv("THUNDER_FUSER_CACHE", tmp)
+        mp.setenv("THUNDER_FUSER_KERNELS", "torch")
+        jfn = thunder.jit(fn, executors=[fuser_ex])
+        jfn(*args)
+        for plan in plans(thunder.last_traces(jfn)[-1]):
+            for k in plan.kernels.values():
+                for part in k.parts if k else ():
+                    segment_kernel.compile_program(part.prog, part.geo, None)
 
 
 def assert_every_segment_ran_a_kernel(jfn) -> None:

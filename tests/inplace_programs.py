@@ -51,13 +51,13 @@ def describe_arguments(alias: str) -> str:
     }[alias]
 
 
-def make_arguments(alias: str):
+def make_arguments(alias: str, device: str = "cpu"):
     """Fresh arguments, plus every tensor whose final contents must match eager."""
-    i = torch.tensor([2, 0])
+    i = torch.tensor([2, 0], device=device)
     if alias == "distinct":
-        x, y, z = torch.randn(BASE), torch.randn(BASE), torch.randn(BASE[1])
+        x, y, z = (torch.randn(s, device=device) for s in (BASE, BASE, BASE[1]))
         return [x, y, z, i], [x, y, z]
-    x, z = torch.randn(BASE), torch.randn(BASE[1])
+    x, z = torch.randn(BASE, device=device), torch.randn(BASE[1], device=device)
     return [x, x, z, i], [x, z]
 
 

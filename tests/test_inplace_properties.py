@@ -2,18 +2,20 @@
 intermediates, with aliasing arguments, give eager's outputs, eager's final input contents,
 and raise where eager raises. A failing example prints as a runnable program."""
 
+import pytest
 import thunder
 import torch
-from hypothesis import event, given, reject
+from hypothesis import event, given, reject, settings
 
 from helpers import clone_tensor
 from inplace_programs import make_arguments, programs
 from thunder_fuser import fuser_ex
+from thunder_fuser.kernels import segment_kernel
 
 
-def _run(fn, alias, seed):
+def _run(fn, alias, seed, device="cpu"):
     torch.manual_seed(seed)
-    args, observed = make_arguments(alias)
+    args, observed = make_arguments(alias, device)
     try:
         return fn(*args), observed, None
     except Exception as e:  # noqa: BLE001 (compare with eager's error)
@@ -28,11 +30,11 @@ def _same(a, b) -> bool:
         return False
 
 
-def _thunder_itself_diverges(fn, alias, expected, expected_inputs, eager_raised: bool) -> bool:
+def _thunder_itself_diverges(fn, alias, expected, expected_inputs, eager_raised: bool, device="cpu") -> bool:
     """Whether thunder with its plain torch executor differs from eager on this program:
     then the divergence is thunder's frontend (e.g. it functionalizes ``index_copy_`` whose
     source overlaps its destination, which eager rejects), not this executor."""
-    got, inputs, error = _run(thunder.jit(fn, executors=["torch"]), alias, 0)
+    got, inputs, error = _run(thunder.jit(fn, executors=["torch"]), alias, 0, device)
     if eager_raised or error is not None:
         return eager_raised != (error is not None)
     return not (_same(got, expected) and all(_same(a, b) for a, b in zip(inputs, expected_inputs)))
@@ -40,22 +42,37 @@ def _thunder_itself_diverges(fn, alias, expected, expected_inputs, eager_raised:
 
 @given(programs())
 def test_random_inplace_programs_match_eager(program):
+    _check(program, "cpu")
+
+
+@pytest.mark.cuda
+@settings(max_examples=40)  # each example compiles its kernels (0.2-0.8 s each)
+@given(programs())
+def test_random_inplace_programs_match_eager_on_kernels(program):
+    """The same programs on generated kernels, which write updates in place themselves
+    (``copy_to_out_``); fresh outputs start as NaN, so an unwritten element fails."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(segment_kernel, "FILL_NAN", True)
+        _check(program, "cuda")
+
+
+def _check(program, device):
     fn = program.compile()
-    expected, expected_inputs, expected_error = _run(fn, program.alias, 0)
+    expected, expected_inputs, expected_error = _run(fn, program.alias, 0, device)
     jfn = thunder.jit(fn, executors=[fuser_ex])
-    got, got_inputs, error = _run(jfn, program.alias, 0)
+    got, got_inputs, error = _run(jfn, program.alias, 0, device)
     event("eager raises" if expected_error is not None else "eager returns")
     if expected_error is not None:
-        if error is None and _thunder_itself_diverges(fn, program.alias, None, expected_inputs, True):
+        if error is None and _thunder_itself_diverges(fn, program.alias, None, expected_inputs, True, device):
             reject()
         assert error is not None, f"eager raised {expected_error!r}; fuser_ex returned a result"
         return
     if error is not None:
-        if _thunder_itself_diverges(fn, program.alias, expected, expected_inputs, False):
+        if _thunder_itself_diverges(fn, program.alias, expected, expected_inputs, False, device):
             reject()
         raise error
     ok = _same(got, expected) and all(_same(a, b) for a, b in zip(got_inputs, expected_inputs))
-    if not ok and _thunder_itself_diverges(fn, program.alias, expected, expected_inputs, False):
+    if not ok and _thunder_itself_diverges(fn, program.alias, expected, expected_inputs, False, device):
         reject()
     torch.testing.assert_close(got, expected)
     for a, b in zip(got_inputs, expected_inputs):

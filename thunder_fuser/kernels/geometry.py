@@ -75,7 +75,7 @@ class Geometry:
     align_checks: tuple = ()  # per vector operand: (base, byte offset, alignment) checked per call
     # per operand: None, or what the kernel's launch function builds it from (its base tensor
     # passed as it is, no ``as_strided`` per call): per operand mode, the base dim it is, or
-    # BROADCAST (stride 0, the extent of operand ``map_ref``'s mode) or ONE (extent 1)
+    # BROADCAST (stride 0, the extent of operand ``map_ref``'s mode), ONE or ONE_BROADCAST (extent 1)
     base_maps: tuple = ()
     map_ref: int = 0
 
@@ -393,7 +393,11 @@ def _call_recipe(geo: Geometry) -> None:
         )
 
 
-BROADCAST, ONE = -1, -2
+# modes of a base map that are no base dim: a broadcast (stride 0, the reference operand's
+# extent), or extent 1 with stride 1 (ONE) or 0 (ONE_BROADCAST), as the operand's own mode
+# is: the kernel reads a mode whose stride was 1 as contiguous (a vector access), so a
+# stride-0 rebuild of it would break its vector view (an all-extent-1 input, x + x)
+BROADCAST, ONE, ONE_BROADCAST = -1, -2, -3
 
 
 def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None):
@@ -404,7 +408,7 @@ def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None):
     used, m = set(), []
     for j, (ext, st) in enumerate(zip(o.shape, o.stride)):
         if ext == 1:
-            m.append(ONE)
+            m.append(ONE if st else ONE_BROADCAST)
         elif st == 0:
             if ref is None or ref.shape[j] != ext:
                 return None
@@ -426,7 +430,7 @@ def mapped_layout(m: tuple, shape, stride, ref_shape) -> tuple[tuple, tuple]:
     ``torch_eval`` (ints) share it."""
     return (
         tuple(shape[d] if d >= 0 else (ref_shape[j] if d == BROADCAST else 1) for j, d in enumerate(m)),
-        tuple(stride[d] if d >= 0 else 0 for d in m),
+        tuple(stride[d] if d >= 0 else (1 if d == ONE else 0) for d in m),
     )
 
 
