@@ -187,6 +187,28 @@ def compile_planned_kernels_to_ptx(fn, args) -> None:
                     segment_kernel.compile_program(part.prog, part.geo, None)
 
 
+def check_kernels_fall_back_only_where_lowering_does(fn, args, check=check_vs_eager) -> None:
+    """On the GPU: ``check`` (results and inputs against eager) with the torch backend and
+    then with generated kernels, fresh outputs NaN (an unwritten element fails); the
+    segments on the reference backend, with their reasons, must be the same both times: a
+    kernel that fails to generate or compile would add one."""
+    import warnings
+
+    from thunder_fuser.kernels import backend, segment_kernel
+
+    def fallbacks(jfn):
+        return sorted((i, r) for p in plans(thunder.last_traces(jfn)[-1]) for i, r in p.fallbacks.items())
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("THUNDER_FUSER_KERNELS", "torch")
+        lowered = fallbacks(check(fn, *args)[0])
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        mp.setattr(segment_kernel, "FILL_NAN", True)
+        backend.forget_warnings()
+        warnings.simplefilter("ignore")  # the reference segments warn; compared below
+        assert fallbacks(check(fn, *args)[0]) == lowered
+
+
 def assert_every_segment_ran_a_kernel(jfn) -> None:
     """Forward and backward regions of the last call: no segment ran on the reference backend."""
     for trace in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1]):
