@@ -6,8 +6,8 @@ from the wall clock.
   queued back to back as a training step queues its kernels; the median over at least 50
   replays is the time the GPU spends, free of Python and launch gaps. (Until session 12 the
   host waited for each replay before it issued the next: each then began on an idle GPU,
-  and the graph launch's latency, 2-5 us, was counted in. That cost a 35 us workload such
-  as RoPE Mistral-7B 5-10% and a 180 us copy about 1%: ``scripts/timing_probe.py``.) A
+  and the graph launch's latency, 1-4 us, was counted in. That cost a 35 us workload such
+  as RoPE Mistral-7B 5-7% (0-11% by placement) and a 180 us copy under 1%: ``scripts/timing_probe.py``.) A
   call that cannot be captured (a host sync inside) is timed with events around each call
   instead, and the result says so (``graph: False``): that number includes host time
   whenever the host is slower than the GPU.

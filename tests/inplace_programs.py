@@ -8,18 +8,20 @@ expected outcome.
 
 from __future__ import annotations
 
-import linecache
 from dataclasses import dataclass, field
 
 import torch
 from hypothesis import strategies as st
+
+from source_program import SourceProgram
 
 BASE = (4, 6)
 SCALARS = ("0.5", "2.0", "-1.5")
 
 
 @dataclass(repr=False)
-class Program:
+class Program(SourceProgram):
+    tag = "inplace-program"
     alias: str  # how x and y relate: distinct | same
     lines: list[str] = field(default_factory=list)
     returns: list[str] = field(default_factory=list)
@@ -32,16 +34,6 @@ class Program:
 
     def __repr__(self) -> str:  # hypothesis prints this for a failing example
         return f"\n# arguments: {describe_arguments(self.alias)}\n{self.source}"
-
-    def _repr_pretty_(self, p, cycle) -> None:  # hypothesis' pretty-printer
-        p.text(repr(self))
-
-    def compile(self):
-        name = f"<inplace-program-{abs(hash(self.source))}>"
-        linecache.cache[name] = (len(self.source), None, self.source.splitlines(True), name)
-        ns = {"torch": torch}
-        exec(compile(self.source, name, "exec"), ns)  # noqa: S102 (test-generated code)
-        return ns["program"]
 
 
 def describe_arguments(alias: str) -> str:

@@ -8,11 +8,12 @@ no branch that jumps), so a last-ulp difference in one op (tanh, exp) cannot fli
 
 from __future__ import annotations
 
-import linecache
 from dataclasses import dataclass, field
 
 import torch
 from hypothesis import strategies as st
+
+from source_program import SourceProgram
 
 LAST_DIMS = [1, 5, 64, 129, 4097]  # ragged and vector-aligned extents along the fastest dim
 OTHER_DIMS = [1, 3, 8, 33]
@@ -47,7 +48,8 @@ class Argument:
 
 
 @dataclass(repr=False)
-class Program:
+class Program(SourceProgram):
+    tag = "pointwise-program"
     arguments: list[Argument]
     lines: list[str] = field(default_factory=list)
     returns: list[str] = field(default_factory=list)
@@ -64,16 +66,6 @@ class Program:
     def __repr__(self) -> str:  # hypothesis prints this for a failing example
         args = "\n".join(f"{n} = {a.source()}" for n, a in zip(self.names, self.arguments))
         return f"\n{args}\n{self.source}"
-
-    def _repr_pretty_(self, p, cycle) -> None:
-        p.text(repr(self))
-
-    def compile(self):
-        name = f"<pointwise-program-{abs(hash(self.source))}>"
-        linecache.cache[name] = (len(self.source), None, self.source.splitlines(True), name)
-        ns = {"torch": torch}
-        exec(compile(self.source, name, "exec"), ns)  # noqa: S102 (test-generated code)
-        return ns["program"]
 
     def make_arguments(self, device: str) -> list[torch.Tensor]:
         return [a.make(device) for a in self.arguments]

@@ -1,0 +1,25 @@
+"""A generated test program kept as Python source: hypothesis prints a failing example as
+code a person can paste and run, and tracebacks show its lines (they go to ``linecache``)."""
+
+from __future__ import annotations
+
+import linecache
+
+import torch
+
+
+class SourceProgram:
+    """Base of the generated programs: ``source`` (a ``def program(...)``) and ``__repr__``
+    come from the subclass."""
+
+    tag = "program"
+
+    def _repr_pretty_(self, p, cycle) -> None:  # hypothesis' pretty-printer
+        p.text(repr(self))
+
+    def compile(self):
+        name = f"<{self.tag}-{abs(hash(self.source))}>"
+        linecache.cache[name] = (len(self.source), None, self.source.splitlines(True), name)
+        ns = {"torch": torch}
+        exec(compile(self.source, name, "exec"), ns)  # noqa: S102 (test-generated code)
+        return ns["program"]
