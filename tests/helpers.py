@@ -3,6 +3,8 @@ and the final contents of every input."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import thunder
 import torch
@@ -164,6 +166,12 @@ def plans(trace) -> list:
     from thunder_fuser.runtime.region_runner import RegionRunner
 
     return [p for v in trace.python_ctx().values() if isinstance(v, RegionRunner) for p in v.plans.values()]
+
+
+def kernel_examples(default: int) -> int:
+    """Examples of a property whose every example compiles kernels (0.2-0.8 s each), so
+    fewer than the profile's 300: ``KERNEL_EXAMPLES=500`` hunts longer on a GPU."""
+    return int(os.environ.get("KERNEL_EXAMPLES", default))
 
 
 def compile_planned_kernels_to_ptx(fn, args) -> None:

@@ -7,7 +7,7 @@ import thunder
 import torch
 from hypothesis import event, given, reject, settings
 
-from helpers import clone_tensor
+from helpers import clone_tensor, kernel_examples
 from inplace_programs import make_arguments, programs
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import segment_kernel
@@ -46,7 +46,7 @@ def test_random_inplace_programs_match_eager(program):
 
 
 @pytest.mark.cuda
-@settings(max_examples=40)  # each example compiles its kernels (0.2-0.8 s each)
+@settings(max_examples=kernel_examples(40))
 @given(programs())
 def test_random_inplace_programs_match_eager_on_kernels(program):
     """The same programs on generated kernels, which write updates in place themselves

@@ -7,7 +7,9 @@ kernels."""
 import pytest
 from hypothesis import example, given, settings
 
-from helpers import check_kernels_fall_back_only_where_lowering_does, check_vs_float64, compile_planned_kernels_to_ptx
+from helpers import (
+    check_kernels_fall_back_only_where_lowering_does, check_vs_float64, compile_planned_kernels_to_ptx, kernel_examples,
+)
 from pointwise_programs import Argument, Program, programs
 
 # found by these properties: every dim of extent 1 (its base map rebuilt the operand with
@@ -24,7 +26,7 @@ def test_random_pointwise_programs_match_float64(program):
 
 
 @pytest.mark.cuda
-@settings(max_examples=60)  # each example compiles its kernels (0.2-0.8 s each)
+@settings(max_examples=kernel_examples(60))
 @given(programs())
 @example(ALL_ONES)
 def test_random_pointwise_programs_match_float64_on_kernels(program):
@@ -34,7 +36,7 @@ def test_random_pointwise_programs_match_float64_on_kernels(program):
         program.compile(), program.make_arguments("cuda"), check=check_vs_float64)
 
 
-@settings(max_examples=40)  # a compile takes 0.2-0.8 s
+@settings(max_examples=kernel_examples(40))
 @given(programs())
 @example(ALL_ONES)
 def test_random_pointwise_programs_compile_to_ptx(program):

@@ -11,7 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import check_kernels_fall_back_only_where_lowering_does, check_vs_eager, compile_planned_kernels_to_ptx, plans
+from helpers import (
+    check_kernels_fall_back_only_where_lowering_does, check_vs_eager, compile_planned_kernels_to_ptx, kernel_examples, plans,
+)
 from thunder_fuser import explain, fuser_ex
 
 
@@ -77,7 +79,7 @@ def test_random_cat_pad_nests_match_eager_or_say_why_not(program):
 
 
 @pytest.mark.cuda
-@settings(max_examples=40)  # each example compiles its kernels (0.2-0.8 s each)
+@settings(max_examples=kernel_examples(40))
 @given(resize_programs())
 def test_random_cat_pad_nests_on_kernels_fall_back_only_where_no_template_covers(program):
     """On the GPU: eager's results, with the same segments on the reference backend as the
@@ -87,7 +89,7 @@ def test_random_cat_pad_nests_on_kernels_fall_back_only_where_no_template_covers
     check_kernels_fall_back_only_where_lowering_does(fn, [a.cuda() for a in args])
 
 
-@settings(max_examples=40)  # a compile takes 0.2-0.8 s
+@settings(max_examples=kernel_examples(40))
 @given(resize_programs())
 def test_random_cat_pad_nests_compile_to_ptx(program):
     """Every kernel the torch backend plans for a nest compiles for sm_90a on the CPU."""
