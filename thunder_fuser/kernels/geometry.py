@@ -30,6 +30,16 @@ ROW_THREADS = (32, 64, 128, 256, 512, 1024)
 MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value
 REUSE_ROWS = 2  # rows a pointwise thread walks along a broadcast mode: 2 measured 3-6% above 1 and 4
 #                (RoPE, gelu + bias; scripts/pointwise_probe.py, H100)
+GATHER_ROWS = True  # a row reduction may read an operand strided along its row, element by element
+# A row kernel gives each row one block, and one block streams only 65-100 GB/s on an H100
+# (scripts/gather_rows_probe.py: x.sum() of 64M fp32 took 2.64 ms as one row, torch 0.095).
+# A reduction of fewer than FEW_ROWS rows of at least LONG_ROW_BYTES each (x.sum() of a
+# large tensor, a loss's mean) runs on the reference backend, whose torch reductions split
+# a row across blocks. Four rows already win: a [4, 4M] bf16 product summed per row took
+# 0.25 ms as a kernel and 0.30 on the reference backend, op by op with fp32 intermediates.
+# Splitting a long row across blocks (partials, then a combine) would beat both.
+FEW_ROWS = 4
+LONG_ROW_BYTES = 2**20
 COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
 
 
@@ -291,7 +301,9 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
     outer = tuple(_numel(domain[d] for d in g) for g in outer_groups)
     n = _numel(domain[d] for d in inner_group) if inner_group else 1
 
-    if prog.family == "rows" and not columns and any(o.inner_mode == "gather" and not o.is_store for o in operands):
+    if not GATHER_ROWS and prog.family == "rows" and not columns and any(
+        o.inner_mode == "gather" and not o.is_store for o in operands
+    ):
         raise Unsupported("a reduction over dims that are innermost for some operands and not for others")
     vec_ops = [o for o in operands if o.inner_mode == "vec"]
     itemsize = min((o.dtype.itemsize for o in vec_ops), default=4)
@@ -308,6 +320,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
     if columns:
         geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
     elif prog.family == "rows":
+        _refuse_few_long_rows(operands, _numel(outer), n)
         _row_tiling(geo)
     elif outer_sel is None:
         geo.reuse = _broadcast_reuse(geo)
@@ -438,6 +451,17 @@ def ref_first(n: int, ref: int) -> list[int]:
     """Operand indices with the map's reference first: its extents must exist before a
     broadcast mode takes them."""
     return [ref] + [i for i in range(n) if i != ref]
+
+
+def _refuse_few_long_rows(operands, rows: int, n: int) -> None:
+    """Unsupported for a row reduction of fewer than FEW_ROWS rows of at least
+    LONG_ROW_BYTES each (see FEW_ROWS)."""
+    itemsize = max((o.dtype.itemsize for o in operands if not o.is_store), default=4)
+    if rows < FEW_ROWS and n * itemsize >= LONG_ROW_BYTES:
+        raise Unsupported(
+            f"a reduction of {rows} row(s) of {n} elements: a row kernel runs one block per row, "
+            f"which leaves the GPU idle; torch splits such rows"
+        )
 
 
 def _row_tiling(geo: Geometry) -> None:

@@ -1,0 +1,54 @@
+"""Row reductions that read an operand strided along the row, and reductions of a few long
+rows (dev aid; GPU machine). "before": session 11's rules (a strided operand sends a row
+reduction to the reference backend, torch op by op; any row count runs as a row kernel);
+"now": ``geometry.GATHER_ROWS`` gathers the strided operand in the row kernel, and fewer
+than ``geometry.FEW_ROWS`` long rows go to the reference backend. Prints ms of both beside
+eager and torch.compile; each result is checked against eager."""
+import thunder_fuser  # noqa: F401
+import thunder
+import torch
+import torch.nn.functional as F
+
+from benchmarks.timing import device_ms
+from thunder_fuser import fuser_ex
+from thunder_fuser.kernels import geometry
+
+
+def _mixed(dtype):
+    """x row-major, y.t() column-major: the row is x's innermost dim and y's outermost."""
+    return torch.randn(8192, 4096, device="cuda", dtype=dtype), torch.randn(4096, 8192, device="cuda", dtype=dtype)
+
+
+CASES = {
+    "(x + y.t()).sum(-1) fp32": (lambda x, y: (x + y.t()).sum(-1), lambda: _mixed(torch.float32)),
+    "softmax(x + y.t()) bf16": (lambda x, y: torch.softmax(x + y.t(), -1), lambda: _mixed(torch.bfloat16)),
+    "layer_norm(x * y.t()) bf16": (lambda x, y: F.layer_norm(x * y.t(), (4096,)), lambda: _mixed(torch.bfloat16)),
+    "(a + a).sum(0), a = v[::2] fp32": (lambda a: (a + a).sum(0),
+                                        lambda: (torch.randn(2**27, device="cuda")[::2],)),
+    "x.sum(), 64M fp32": (lambda x: x.sum(), lambda: (torch.randn(2**26, device="cuda"),)),
+    "(x * y).sum(-1), [4, 4M] bf16": (lambda x, y: (x * y).sum(-1),
+                                      lambda: tuple(torch.randn(4, 2**22, device="cuda", dtype=torch.bfloat16)
+                                                    for _ in range(2))),
+}
+RULES = {"before": dict(GATHER_ROWS=False, FEW_ROWS=0), "now": dict(GATHER_ROWS=True, FEW_ROWS=geometry.FEW_ROWS)}
+
+
+def main():
+    print(f"{'case':34s} {'eager':>8s} {'compile':>8s} {'fuser before':>12s} {'fuser now':>9s}  (ms)")
+    for name, (fn, make) in CASES.items():
+        args = make()
+        want = fn(*args)
+        row = [device_ms(fn, [args])[0], device_ms(torch.compile(fn), [args])[0]]
+        for rules in RULES.values():
+            for k, v in rules.items():
+                setattr(geometry, k, v)
+            f = thunder.jit(fn, executors=[fuser_ex])
+            got = f(*args)
+            tol = 3e-2 if want.dtype == torch.bfloat16 else 1e-3
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            row.append(device_ms(f, [args])[0])
+        print(f"{name:34s} {row[0]:8.4f} {row[1]:8.4f} {row[2]:12.4f} {row[3]:9.4f}")
+
+
+if __name__ == "__main__":
+    main()
