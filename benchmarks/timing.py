@@ -23,7 +23,7 @@ import time
 import torch
 
 
-def _events_ms(run, reps: int, queued: bool = False) -> list[float]:
+def _events_ms(run, reps: int, queued: bool) -> list[float]:
     """Milliseconds between an event before and one after each of ``reps`` calls of ``run``.
 
     ``queued``: the host does not wait for one call before it issues the next, so while the
@@ -82,7 +82,7 @@ def device_ms(fn, arg_sets: list[tuple], reps: int = 50, warmup: int = 3, queued
             fn(*arg_sets[i[0] % len(arg_sets)])
             i[0] += 1
 
-        return statistics.median(_events_ms(call, reps)), False
+        return statistics.median(_events_ms(call, reps, queued=False)), False
 
 
 def host_us(fn, args: tuple, calls: int = 200) -> float:

@@ -174,10 +174,20 @@ def kernel_examples(default: int) -> int:
     return int(os.environ.get("KERNEL_EXAMPLES", default))
 
 
+def planned_parts(fn, args) -> list:
+    """The kernel parts (program and geometry each) of every segment the torch backend
+    plans when ``fn`` is jitted and called on ``args``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("THUNDER_FUSER_KERNELS", "torch")
+        jfn = thunder.jit(fn, executors=[fuser_ex])
+        jfn(*args)
+    return [part for p in plans(thunder.last_traces(jfn)[-1]) for _, k in sorted(p.kernels.items()) if k for part in k.parts]
+
+
 def compile_planned_kernels_to_ptx(fn, args) -> None:
-    """Plan ``fn`` on ``args`` (CPU tensors) with the torch backend, then compile each planned
-    kernel for sm_90a (CuTe DSL needs no GPU for that) into a fresh disk cache: a kernel
-    that would fail to generate or compile on the GPU, and fall back there, raises here."""
+    """Compile each kernel ``planned_parts`` gives for ``fn`` on ``args`` (CPU tensors) for
+    sm_90a (CuTe DSL needs no GPU for that) into a fresh disk cache: a kernel that would
+    fail to generate or compile on the GPU, and fall back there, raises here."""
     import tempfile
 
     from thunder_fuser.kernels import segment_kernel
@@ -186,13 +196,8 @@ def compile_planned_kernels_to_ptx(fn, args) -> None:
     with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory() as tmp:
         mp.setenv("CUTE_DSL_ARCH", "sm_90a")
         mp.setenv("THUNDER_FUSER_CACHE", tmp)
-        mp.setenv("THUNDER_FUSER_KERNELS", "torch")
-        jfn = thunder.jit(fn, executors=[fuser_ex])
-        jfn(*args)
-        for plan in plans(thunder.last_traces(jfn)[-1]):
-            for k in plan.kernels.values():
-                for part in k.parts if k else ():
-                    segment_kernel.compile_program(part.prog, part.geo, None)
+        for part in planned_parts(fn, args):
+            segment_kernel.compile_program(part.prog, part.geo, None)
 
 
 def check_kernels_fall_back_only_where_lowering_does(fn, args, check=check_vs_eager) -> None:

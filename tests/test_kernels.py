@@ -19,7 +19,7 @@ from benchmarks.workloads import (
 from helpers import (
     CREATION_CASES, causal_attention, causal_mask_scores, check_a_misaligned_call_runs_a_shared_launch_apart,
     check_batch_norm_backward, check_gradients, check_layernorm_backward, check_vs_eager, check_vs_float64,
-    integer_division, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
+    integer_division, planned_parts, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import explain, fuser_ex
 from thunder_fuser.kernels import backend, geometry, segment_kernel
@@ -282,16 +282,6 @@ def _ptx(compiled) -> str:
     return Path(ptx).read_text() if ptx.endswith(".ptx") and Path(ptx).is_file() else ptx
 
 
-def _planned_parts(fn, args):
-    os.environ["THUNDER_FUSER_KERNELS"] = "torch"
-    try:
-        jfn = thunder.jit(fn, executors=[fuser_ex])
-        jfn(*args)
-    finally:
-        del os.environ["THUNDER_FUSER_KERNELS"]
-    return [p for kind, k in _kernels(jfn) if k is not None for p in k.parts]
-
-
 def _rope_args(batch, dtype):
     """q, k (32 and 8 heads of 64 positions), cos, sin."""
     return (_r(batch, 32, 64, 128, dtype=dtype), _r(batch, 8, 64, 128, dtype=dtype),
@@ -362,7 +352,7 @@ def test_fake_tensors_agree_with_the_views_a_call_passes(name):
     from thunder_fuser.kernels.geometry import views_for_call
 
     fn, make = FAMILIES[name]
-    for p in _planned_parts(fn, make()):
+    for p in planned_parts(fn, make()):
         bound = {}
         for fake, o in zip(fake_operands(p.geo), views_for_call(p.geo, p.geo.bases)):
             for fake_dims, real_dims in ((fake.shape, o.shape), (fake.stride, o.stride())):
@@ -381,7 +371,7 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
 
     cache.clear_memory()
     fn, make = FAMILIES[name]
-    parts = _planned_parts(fn, make())
+    parts = planned_parts(fn, make())
     assert parts
     ptx = "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in parts)
     assert ".target sm_90a" in ptx
@@ -406,7 +396,7 @@ def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(pt
     """tanh.approx.f32 errs by up to 2**-10.9 relative: below half a bf16 ulp, not an fp32 one."""
 
     def ptx(fn, x):
-        return "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in _planned_parts(fn, (x,)))
+        return "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in planned_parts(fn, (x,)))
 
     assert "tanh.approx.f32" in ptx(lambda x: torch.tanh(x.float()).to(torch.bfloat16), _r(64, 256))
     assert "tanh.approx" not in ptx(torch.tanh, _r(64, 256))
@@ -440,7 +430,7 @@ def test_bf16_roundings_pack_two_lanes_or_compute_in_bf16(ptx_compile):
 
 
 def test_fp16_roundings_pack_two_lanes_too(ptx_compile):
-    (part,) = _planned_parts(lambda a, b: (a * 0.1 + b) * a, (_r(64, 256, dtype=torch.float16), _r(64, 256, dtype=torch.float16)))
+    (part,) = planned_parts(lambda a, b: (a * 0.1 + b) * a, (_r(64, 256, dtype=torch.float16), _r(64, 256, dtype=torch.float16)))
     ptx = _ptx(segment_kernel.compile_program(part.prog, part.geo, None))
     assert "cvt.rn.f16x2.f32" in ptx and "cvt.rn.f16.f32" not in ptx and "fma.rn.f16x2" in ptx
 
@@ -448,7 +438,7 @@ def test_fp16_roundings_pack_two_lanes_too(ptx_compile):
 def test_one_tensor_read_as_two_pieces_is_loaded_twice(ptx_compile):
     """``cat((x, x))``: both pieces view the same operand; each needs its own load (its own
     shift and predicate). A cache by operand alone loaded once and wrote zeros for the second."""
-    (part,) = _planned_parts(lambda x: torch.cat((x, x), -1) + 1, (_r(3, 64),))
+    (part,) = planned_parts(lambda x: torch.cat((x, x), -1) + 1, (_r(3, 64),))
     ptx = _ptx(segment_kernel.compile_program(part.prog, part.geo, None))
     assert ptx.count("ld.global") == 2 and ptx.count("st.global") == 1, ptx
 
@@ -492,9 +482,10 @@ _COMPILE_ONE = """
 import os, sys, time
 sys.path.insert(0, "tests")
 import thunder_fuser  # noqa: F401
-from test_kernels import _planned_parts, _r
+from helpers import planned_parts
+from test_kernels import _r
 from thunder_fuser.kernels import backend, cache, segment_kernel
-part = _planned_parts(lambda x: x.exp() * 2, (_r(64, 256),))[0]
+part = planned_parts(lambda x: x.exp() * 2, (_r(64, 256),))[0]
 while not os.path.exists(sys.argv[1]):  # both processes compile at the same moment
     time.sleep(0.01)
 assert backend.cute_available()
