@@ -1,9 +1,13 @@
 """Row reductions that read an operand strided along the row, and reductions of a few long
-rows (dev aid; GPU machine). "before": session 11's rules (a strided operand sends a row
+rows (dev aid; GPU machine). "s11": session 11's rules (a strided operand sends a row
 reduction to the reference backend, torch op by op; any row count runs as a row kernel);
-"now": ``geometry.GATHER_ROWS`` gathers the strided operand in the row kernel, and fewer
-than ``geometry.FEW_ROWS`` long rows go to the reference backend. Prints ms of both beside
-eager and torch.compile; each result is checked against eager."""
+"s12": ``geometry.GATHER_ROWS`` gathers the strided operand in the row kernel, and fewer
+than ``geometry.FEW_ROWS`` long rows go to the reference backend; "now": fewer than
+``geometry.SPLIT_ROWS`` long rows split across blocks. Prints ms of each beside eager and
+torch.compile; each result is checked against eager. ``python scripts/gather_rows_probe.py
+long`` runs the long-row cases only."""
+import sys
+
 import thunder_fuser  # noqa: F401
 import thunder
 import torch
@@ -26,16 +30,30 @@ CASES = {
     "(a + a).sum(0), a = v[::2] fp32": (lambda a: (a + a).sum(0),
                                         lambda: (torch.randn(2**27, device="cuda")[::2],)),
     "x.sum(), 64M fp32": (lambda x: x.sum(), lambda: (torch.randn(2**26, device="cuda"),)),
-    "(x * y).sum(-1), [4, 4M] bf16": (lambda x, y: (x * y).sum(-1),
-                                      lambda: tuple(torch.randn(4, 2**22, device="cuda", dtype=torch.bfloat16)
-                                                    for _ in range(2))),
+    "(x * y).sum(-1), [4, 4M] bf16": (lambda x, y: (x * y).sum(-1), lambda: _bf16(2, 4, 2**22)),
+    "(x * y).sum(-1), [16, 1M] bf16": (lambda x, y: (x * y).sum(-1), lambda: _bf16(2, 16, 2**20)),
+    "x.var(), 64M fp32": (lambda x: x.var(), lambda: (torch.randn(2**26, device="cuda"),)),
+    "mse_loss, [8192, 4096] bf16": (F.mse_loss, lambda: _bf16(2, 8192, 4096)),
+    "layer_norm, [4, 1M] bf16": (lambda x: F.layer_norm(x, (2**20,)), lambda: _bf16(1, 4, 2**20)),
+    "x.sum(), 1M fp32": (lambda x: x.sum(), lambda: (torch.randn(2**20, device="cuda"),)),
 }
-RULES = {"before": dict(GATHER_ROWS=False, FEW_ROWS=0), "now": dict(GATHER_ROWS=True, FEW_ROWS=geometry.FEW_ROWS)}
+LONG = [name for name in CASES if "y.t()" not in name and "v[::2]" not in name]
+RULES = {
+    "s11": dict(GATHER_ROWS=False, FEW_ROWS=0, SPLIT_ROWS=0),
+    "s12": dict(GATHER_ROWS=True, FEW_ROWS=geometry.FEW_ROWS, SPLIT_ROWS=0),
+    "now": dict(GATHER_ROWS=True, FEW_ROWS=geometry.FEW_ROWS, SPLIT_ROWS=geometry.SPLIT_ROWS),
+}
+
+
+def _bf16(count, *shape):
+    return tuple(torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(count))
 
 
 def main():
-    print(f"{'case':34s} {'eager':>8s} {'compile':>8s} {'fuser before':>12s} {'fuser now':>9s}  (ms)")
-    for name, (fn, make) in CASES.items():
+    names = LONG if sys.argv[1:] == ["long"] else list(CASES)
+    print(f"{'case':34s} {'eager':>8s} {'compile':>8s}" + "".join(f" {'fuser ' + r:>10s}" for r in RULES) + "  (ms)")
+    for name in names:
+        fn, make = CASES[name]
         args = make()
         want = fn(*args)
         row = [device_ms(fn, [args])[0], device_ms(torch.compile(fn), [args])[0]]
@@ -47,7 +65,7 @@ def main():
             tol = 3e-2 if want.dtype == torch.bfloat16 else 1e-3
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
             row.append(device_ms(f, [args])[0])
-        print(f"{name:34s} {row[0]:8.4f} {row[1]:8.4f} {row[2]:12.4f} {row[3]:9.4f}")
+        print(f"{name:34s} {row[0]:8.4f} {row[1]:8.4f}" + "".join(f" {x:10.4f}" for x in row[2:]))
 
 
 if __name__ == "__main__":

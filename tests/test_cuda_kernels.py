@@ -108,6 +108,43 @@ def test_column_reductions(dtype):
     reduce_without_fallback(lambda x: torch.var_mean(x, (0, 1)), 1000 + _randn(64, 300, 256, dtype=dtype))
 
 
+def _split_row_launches(jfn) -> int:
+    """Programs of ``jfn`` whose rows split across blocks; no segment on the reference backend."""
+    ps = plans(thunder.last_traces(jfn)[-1])
+    assert not any(p.fallbacks for p in ps), [p.fallbacks for p in ps]
+    return sum(part.geo.split_rows for p in ps for k in p.kernels.values() if k for part in k.parts)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_few_long_rows_split_across_blocks(dtype):
+    """Fewer than ``geometry.SPLIT_ROWS`` long rows: each row split across blocks, the
+    splits' partials combined by a second launch. Every reduction with a full-domain store
+    on the way; var (Chan's merges) with a large mean; a layer norm (the statistics split,
+    then a pointwise pass); whole-tensor reductions (a loss, a norm), one of a length no
+    vector divides (scalar accesses); rows over two outer dims; a gathered operand."""
+    n = 2**20 + 24  # splits of unequal length
+    jfn, _ = reduce_without_fallback(
+        lambda x: (x.sum(-1), x.amax(-1), x.amin(-1), x.mean(-1, keepdim=True), x.var(-1), x * 2), _randn(3, n, dtype=dtype))
+    assert _split_row_launches(jfn) == 1
+    jfn, _ = reduce_without_fallback(lambda x: (1 + 1e-3 * x.float()).prod(-1), _randn(2, n, dtype=dtype))
+    assert _split_row_launches(jfn) == 1
+    jfn, _ = reduce_without_fallback(lambda x: torch.var_mean(x, -1), 1000 + _randn(2, n, dtype=dtype))
+    assert _split_row_launches(jfn) == 1
+    jfn, _ = reduce_without_fallback(lambda x, w: torch.nn.functional.layer_norm(x, (n,), w), _randn(4, n, dtype=dtype),
+                                     _randn(n, dtype=dtype))
+    assert _split_row_launches(jfn) == 1
+    for shape in [(4096, 1024), (3, 1000, 999)]:
+        jfn, _ = reduce_without_fallback(torch.nn.functional.mse_loss, _randn(*shape, dtype=dtype), _randn(*shape, dtype=dtype))
+        assert _split_row_launches(jfn) == 1
+    jfn, _ = reduce_without_fallback(lambda x: torch.linalg.vector_norm(x.float()), _randn(2**22, dtype=dtype))
+    assert _split_row_launches(jfn) == 1
+    jfn, _ = reduce_without_fallback(lambda x: x.sum(-1), _randn(2, 3, 2**19, dtype=dtype))
+    assert _split_row_launches(jfn) == 1
+    jfn, _ = reduce_without_fallback(lambda x, y: (x + y.t()).sum(-1), _randn(4, 2**19, dtype=dtype),
+                                     _randn(2**19, 4, dtype=dtype))
+    assert _split_row_launches(jfn) == 1
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_channels_last_batch_norm(dtype):
     """Column statistics (one kernel), then the normalization (a second), running stats

@@ -241,16 +241,33 @@ def test_unsupported_segment_reason(torch_kernels):
     assert "segment 0 runs as reference (cat/pad along dims [0, 1], neither of them the fastest in memory)" in explain(jfn)
 
 
-def test_a_few_long_rows_run_on_the_reference_backend_and_say_why(torch_kernels):
-    """A row kernel runs one block per row: a sum of one long row (a loss's ``.sum()``)
-    would stream through one SM, so it runs on torch, which splits the row
-    (``geometry.FEW_ROWS``); as many rows of the same length as FEW_ROWS stay a kernel."""
+def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
+    """A row kernel runs one block per row: fewer than ``geometry.SPLIT_ROWS`` long rows (a
+    loss's ``.sum()``: one row) split each row across blocks, whose partials a second launch
+    combines; explain() says so. A layer norm over such rows runs its statistics split and
+    then a pointwise pass. A chained reduction cannot split (softmax's exp(x - max) needs the
+    whole row's max): over fewer than ``geometry.FEW_ROWS`` long rows it runs on the
+    reference backend and explain() says why; over FEW_ROWS rows it is a row kernel."""
     n = geometry.LONG_ROW_BYTES // 4
+
+    def split_rows(jfn):
+        return [part.geo.split_rows for kind, k in _kernels(jfn) if k for part in k.parts]
+
     jfn, _ = check_vs_float64(lambda x: (x * 2).sum(), _r(n))
+    assert split_rows(jfn) == [True]
+    splits, _ = geometry.row_splits(1, n, 4, 132)
+    assert splits == n // (4 * geometry.SPLIT_THREADS * geometry.SPLIT_MIN_VECTORS)
+    assert (f"segment 0 splits each row of its reduction across {splits} blocks, then combines their partials "
+            "in a second launch") in explain(jfn)
+    jfn, _ = check_vs_eager(lambda x: torch.nn.functional.layer_norm(x, (n,)), _r(geometry.SPLIT_ROWS - 1, n))
+    assert split_rows(jfn) == [True, False]
+    jfn, _ = check_vs_eager(lambda x: torch.nn.functional.layer_norm(x, (n,)), _r(geometry.SPLIT_ROWS, n))
+    assert split_rows(jfn) == [False]
+    jfn, _ = check_vs_eager(softmax, _r(1, n))
     assert ("reference", None) in _kernels(jfn)
     assert f"a reduction of 1 row(s) of {n} elements: a row kernel runs one block per row" in explain(jfn)
-    jfn, _ = check_vs_float64(lambda x: (x * 2).sum(-1), _r(geometry.FEW_ROWS, n))
-    assert [kind for kind, k in _kernels(jfn) if k is None] == []
+    jfn, _ = check_vs_eager(softmax, _r(geometry.FEW_ROWS, n))
+    assert split_rows(jfn) == [False]
 
 
 def test_a_row_reduction_gathers_an_operand_strided_along_the_row(torch_kernels):
@@ -333,6 +350,12 @@ FAMILIES = {
     ),
     "pointwise integer division (truncating and floor, int64)": (
         integer_division, lambda: signed_operands((33, 257), torch.int64)
+    ),
+    "split rows (few long rows: a whole-tensor sum, amax and var beside a full-domain store)": (
+        lambda x: (x.sum(), x.amax(), x.var(), x * 2), lambda: (_r(2**20),)
+    ),
+    "split rows (a layer norm of 4 long rows: statistics split, then pointwise; bf16)": (
+        lambda x: torch.nn.functional.layer_norm(x, (2**18,)), lambda: (_r(4, 2**18, dtype=torch.bfloat16),)
     ),
     "resize along an outer dim (cat, bf16)": (
         lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))

@@ -49,7 +49,23 @@ def explain(jfn) -> str:
                     ))
                 for note in plan.layout_notes:
                     lines.append(f"  for input strides {key}: {note}")
+                for i, k in sorted(plan.kernels.items()):
+                    for note in _split_notes(k):
+                        lines.append(f"  for input strides {key}: segment {i} {note}")
                 for first, why in plan.apart.items():
                     lines.append(f"  for input strides {key}: the segments sharing a launch with segment {first} launch apart: {why}")
             lines.extend("  " + l for l in segment_lines(runner.segments))
     return "\n".join(lines)
+
+
+def _split_notes(kernel) -> list[str]:
+    """How a segment's reductions split across blocks (two launches each: partials, then a
+    combine), where they do."""
+    notes = []
+    for part in getattr(kernel, "parts", ()):
+        if part.workspace is None:
+            continue
+        splits, what = part.workspace[0], "column" if part.geo.columns else "row"
+        notes.append(f"splits each {what} of its reduction across {splits} blocks, then combines their partials "
+                     f"in a second launch")
+    return notes

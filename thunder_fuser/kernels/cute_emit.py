@@ -24,6 +24,8 @@ addresses any number of outer dims, each with its own stride.
   stores, reductions in dependency order.
 * columns (reductions whose kept dims are innermost in memory): see ``build_columns``; two
   launches, partials per split of the reduced extent in an fp32 workspace, no atomics.
+* split rows (reductions of a few long rows): see ``build_split_rows``; the same two
+  launches, each row split across blocks.
 
 Math on fp16/bf16 values runs in fp32 and rounds once per stored value.
 """
@@ -52,6 +54,7 @@ DTYPES = {
     torch.int64: cutlass.Int64,
 }
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+SPLIT_UNROLL = 4  # vectors a thread of a split row loads per step, before it uses any
 POINTWISE_THREADS = 128  # 128-1024 measured within noise of each other (H100, scripts/pointwise_probe.py)
 
 
@@ -783,21 +786,7 @@ def build_rows(prog: Program, geo: Geometry):
     n_reductions = _count_reductions(prog)
 
     def finish(part, op, tidx, acc_iter):
-        """A thread's partial of ``op`` reduced over the row's threads."""
-        part = cute.arch.warp_reduction(part, _COMBINE[op], threads_in_group=min(Tr, 32))
-        if Tr > 32:
-            part = _block_reduce(part, next(acc_iter), tidx, warps, _COMBINE[op], _IDENTITY[op])
-        return part
-
-    def store_rows(t2s, m, rt, row_ok, row_value):
-        ev = _row_evaluator(geo, t2s, m, 0, row_ok, row_value)
-        for st, slot in zip(prog.stores, geo.store_slot):
-            if st.is_row:
-                o = ops[slot]
-                val = ev.ev(st.expr)
-                if isinstance(val, cute.TensorSSA):
-                    raise Unsupported("a row result that is a vector")
-                _store_scalar_if(t2s[slot], m, 0, _cast(val, o.dtype), row_ok & (rt == 0))
+        return _across_threads(part, op, tidx, Tr, warps, acc_iter)
 
     def body(t2s, tvs, m, rt, tidx, N, row_ok, accs):
         nvec = N // V
@@ -835,7 +824,7 @@ def build_rows(prog: Program, geo: Geometry):
 
         for c in range(K):
             chunks.append(Evaluator(load_chunk(c), row_value, _no_select))
-        store_rows(t2s, m, rt, row_ok, row_value)
+        _store_row_values(prog, geo, t2s, m, row_ok & (rt == 0), row_value)
         for st, slot in zip(prog.stores, geo.store_slot):
             if not st.is_row:
                 for c in range(K):
@@ -866,7 +855,7 @@ def build_rows(prog: Program, geo: Geometry):
         means: dict = {}
         for e in reductions_in_order(prog):
             values[id(e)] = _row_statistic(e, reduce_pass, N, means)
-        store_rows(t2s, m, rt, row_ok, lambda e: values[id(e)])
+        _store_row_values(prog, geo, t2s, m, row_ok & (rt == 0), lambda e: values[id(e)])
         full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
 
         def store_step(j):
@@ -895,6 +884,26 @@ def build_rows(prog: Program, geo: Geometry):
         kernel(t2s, tvs, M, N).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)
 
     return launch
+
+
+def _across_threads(part, op: str, tidx, Tr: int, warps: int, acc_iter):
+    """A thread's partial of ``op`` reduced over the row's ``Tr`` threads: shuffles within a
+    warp, then shared memory (the next of ``acc_iter``'s buffers) across the block's warps."""
+    part = cute.arch.warp_reduction(part, _COMBINE[op], threads_in_group=min(Tr, 32))
+    if Tr > 32:
+        part = _block_reduce(part, next(acc_iter), tidx, warps, _COMBINE[op], _IDENTITY[op])
+    return part
+
+
+def _store_row_values(prog: Program, geo: Geometry, t2s, m, pred, row_value) -> None:
+    """The program's per-row stores at row ``m`` (one thread's, where ``pred``)."""
+    ev = _row_evaluator(geo, t2s, m, 0, pred, row_value)
+    for st, slot in zip(prog.stores, geo.store_slot):
+        if st.is_row:
+            val = ev.ev(st.expr)
+            if isinstance(val, cute.TensorSSA):
+                raise Unsupported("a row result that is a vector")
+            _store_scalar_if(t2s[slot], m, 0, _cast(val, geo.operands[slot].dtype), pred)
 
 
 def _shared_accumulators(Tr, warps, count):
@@ -1161,6 +1170,129 @@ def build_columns(prog: Program, geo: Geometry):
     return launch
 
 
+# ---- split rows ---------------------------------------------------------------------------
+
+def build_split_rows(prog: Program, geo: Geometry):
+    """Few long rows (a loss's mean, a norm over a whole tensor; ``geometry.SPLIT_ROWS``),
+    each split across blocks, in two launches and no atomics, as the column reductions run.
+    The first: one block per split of a row (grid ``(splits, M)``); its threads walk the
+    split's vectors, store the full-domain values on the way (none of them uses a reduction)
+    and reduce each reduction over the split in fp32: var as the split's mean and then its
+    sum of squared deviations from that mean (a second walk, over data still in L2). Thread
+    0 writes the block's partials into the workspace ``[splits, states * M]``, laid out as a
+    column reduction's with rows for columns. The second: ``FINALIZE_LANES`` lanes per row
+    combine the splits with the column finalize's helpers (Kahan sums, Chan's merges of
+    (count, mean, M2)) and store the per-row values."""
+    V, T = geo.vector, geo.row_threads
+    warps = T // 32
+    rank = len(geo.outer) + 1
+    ops = geo.operands
+    ref_slot = next((s for s, st in zip(geo.store_slot, prog.stores) if not st.is_row), geo.store_slot[0])
+    reduces = reductions_in_order(prog)
+    offsets = column_state_offsets(reduces)  # each reduction's first workspace block of M
+    full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
+    first_op = {id(e): ("sum" if e.op in ("mean", "var") else e.op) for e in reduces}
+    streamed = [x for x in subexpressions([e.arg for e in reduces] + [st.expr for st, _ in full]) if isinstance(x, Load)]
+
+    def no_row_value(e):
+        raise Unsupported("a reduction inside another's argument in a split row")
+
+    def partial_body(t2s, tvs, ws, M, N, per, tidx, split, r):
+        m = _row_coord(t2s[ref_slot], r, rank)
+        ok = r < M
+        j0 = split * per
+        j1 = cutlass.min(N // V, j0 + per)
+        count = ((j1 - j0) * V).to(cutlass.Float32)
+        smem = iter(_shared_accumulators(T, warps, 2 * len(reduces) + 1))
+
+        def walk(args, each, stores):
+            """``each(k, x, pred)`` for every vector of the split, ``x`` the fp32 values of
+            ``args[k]`` there, storing the full-domain values there too where ``stores``:
+            SPLIT_UNROLL vectors per thread and step, all their loads issued before any
+            math (a step per vector kept one load in flight)."""
+            def step(j):
+                evs = []
+                for u in range(SPLIT_UNROLL):
+                    pred = ok & (j + u * T < j1)
+                    ev = _vector_evaluator(geo, t2s, tvs, m, j + u * T, N, pred, no_row_value)
+                    for ld in streamed:
+                        ev.ev(ld)
+                    evs.append((ev, j + u * T, pred))
+                for ev, jj, pred in evs:
+                    for st, slot in stores:
+                        _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N, pred)
+                    for k, a in enumerate(args):
+                        each(k, _vector(ev.ev(a), V, torch.float32), pred)
+
+            _for_range(j0 + tidx, j1, T * SPLIT_UNROLL, step)
+
+        def accumulate(ops_, args, center=None, stores=()):
+            """Each of ``args`` (centered: ``(x - center)**2``) reduced by its op over the
+            split, then over the block's threads."""
+            accs = []
+            for op in ops_:
+                a = _frag((1, 1), torch.float32)
+                a.fill(_IDENTITY[op])
+                accs.append(a)
+
+            def each(k, x, pred):
+                op = ops_[k]
+                v = _centered(x, center).reduce(_VECTOR_OP[op], _IDENTITY[op], 0)
+                accs[k][0] = _COMBINE[op](accs[k][0], cutlass.select_(pred, v, cutlass.Float32(_IDENTITY[op])))
+
+            walk(args, each, stores)
+            return [_across_threads(a[0], op, tidx, T, warps, smem) for a, op in zip(accs, ops_)]
+
+        firsts = accumulate([first_op[id(e)] for e in reduces], [e.arg for e in reduces], stores=full)
+        for e, r0, offset in zip(reduces, firsts, offsets):
+            if e.op == "var":  # the split's mean, then its squared deviations from that mean
+                mean = r0 / count
+                (m2,) = accumulate(["sum"], [e.arg], mean)
+                _store_scalar_if(ws, split, offset * M + r, mean, ok & (tidx == 0))
+                _store_scalar_if(ws, split, (offset + 1) * M + r, m2, ok & (tidx == 0))
+            else:
+                _store_scalar_if(ws, split, offset * M + r, r0, ok & (tidx == 0))
+
+    def finalize_body(t2s, ws, M, N, per, r, lane):
+        ok = r < M
+        values = {}
+        for e, offset in zip(reduces, offsets):
+            col = offset * M + r
+            if e.op == "var":
+                v = _welford_combine_splits(ws, col, lane, M, N, per * V, ok) / (N.to(cutlass.Float32) - e.correction)
+            elif e.op in ("sum", "mean"):
+                v = _sum_splits(ws, col, lane, ok)
+                if e.op == "mean":
+                    v = v / N.to(cutlass.Float32)
+            else:
+                v = _combine_splits(ws, col, lane, ok, _COMBINE[e.op], _IDENTITY[e.op])
+            values[id(e)] = _result(v, e.dtype)
+        m = _row_coord(t2s[ref_slot], cutlass.min(r, M - 1), rank)
+        _store_row_values(prog, geo, t2s, m, ok & (lane == 0), lambda e: values[id(e)])
+
+    @cute.kernel
+    def partial(t2s, tvs, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        split, r, _ = cute.arch.block_idx()
+        partial_body(t2s, tvs, ws, M, N, per, tidx, split, r)
+
+    @cute.kernel
+    def finalize(t2s, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        g = bidx * T + tidx
+        finalize_body(t2s, ws, M, N, per, g // FINALIZE_LANES, g % FINALIZE_LANES)
+
+    @cute.jit
+    def launch(ts, ws: cute.Tensor, per: cutlass.Int32, stream):
+        t2s, tvs, M, N = _operand_views(ts, geo, rank, V, ref_slot)
+        partial(t2s, tvs, ws, M, N, per).launch(grid=[cute.size(ws, mode=[0]), M, 1], block=[T, 1, 1], stream=stream)
+        finalize(t2s, ws, M, N, per).launch(grid=[(M * FINALIZE_LANES + T - 1) // T, 1, 1], block=[T, 1, 1],
+                                            stream=stream)
+
+    return launch
+
+
 def fake_workspace():
     """The column kernels' fp32 workspace ``[splits, reductions * N]``, extents symbolic."""
     return make_fake_tensor(cutlass.Float32, (cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), 1),
@@ -1170,4 +1302,6 @@ def fake_workspace():
 def build_launch(prog: Program, geo: Geometry):
     if geo.columns:
         return build_columns(prog, geo)
+    if geo.split_rows:
+        return build_split_rows(prog, geo)
     return build_rows(prog, geo) if prog.family == "rows" else build_pointwise(prog, geo)

@@ -166,7 +166,7 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
     if family == "rows":
         prog = Program(family, tuple(seg.domain), tuple(seg.reduced or ()), stores)
         _collect_loads(prog)
-        if not any(s.is_row or _has_reduce(s.expr) for s in stores):
+        if not any(s.is_row or has_reduce(s.expr) for s in stores):
             raise Unsupported("a row kernel with no reduction")
         return [prog]
     groups: dict[tuple, list[Store]] = {}
@@ -261,7 +261,7 @@ def split_at_reductions(prog: Program) -> list[Program]:
     then a pointwise program that reads the temporaries broadcast. A column reduction
     needs this (its result exists only after every block is done); it costs one more read
     of the inputs the stores use."""
-    full_dep = [st for st in prog.stores if not st.is_row and _has_reduce(st.expr)]
+    full_dep = [st for st in prog.stores if not st.is_row and has_reduce(st.expr)]
     temps: dict[int, Load] = {}
     keep = tuple(1 if d in prog.reduced else s for d, s in enumerate(prog.domain))
     first = [st for st in prog.stores if st not in full_dep]
@@ -291,7 +291,7 @@ def split_at_reductions(prog: Program) -> list[Program]:
     return [stats, apply]
 
 
-def _has_reduce(e) -> bool:
+def has_reduce(e) -> bool:
     return any(isinstance(x, Reduce) for x in subexpressions([e]))
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from thunder_fuser.backends.reference import REFERENCE_IMPLS
-from thunder_fuser.kernels.expr import Load, Program, Unsupported
+from thunder_fuser.kernels.expr import Load, Program, Unsupported, has_reduce, reductions_in_order
 
 MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
 ROW_THREADS = (32, 64, 128, 256, 512, 1024)
@@ -32,12 +32,21 @@ REUSE_ROWS = 2  # rows a pointwise thread walks along a broadcast mode: 2 measur
 #                (RoPE, gelu + bias; scripts/pointwise_probe.py, H100)
 GATHER_ROWS = True  # a row reduction may read an operand strided along its row, element by element
 # A row kernel gives each row one block, and one block streams only 65-100 GB/s on an H100
-# (scripts/gather_rows_probe.py: x.sum() of 64M fp32 took 2.64 ms as one row, torch 0.095).
-# A reduction of fewer than FEW_ROWS rows of at least LONG_ROW_BYTES each (x.sum() of a
-# large tensor, a loss's mean) runs on the reference backend, whose torch reductions split
-# a row across blocks. Four rows already win: a [4, 4M] bf16 product summed per row took
-# 0.25 ms as a kernel and 0.30 on the reference backend, op by op with fp32 intermediates.
-# Splitting a long row across blocks (partials, then a combine) would beat both.
+# (scripts/gather_rows_probe.py: x.sum() of 64M fp32 took 2.64 ms as one row, torch 0.095;
+# a [4, 4M] bf16 product summed per row 0.25 ms, eager 0.05). A reduction of fewer than
+# SPLIT_ROWS rows, each long enough for SPLIT_MIN splits, therefore splits every row across
+# blocks (``row_splits``): each block reduces its stretch of the row into a partial, and a
+# second launch combines them, as the column reductions do (``cute_emit.build_split_rows``).
+# That needs every reduction's argument free of reductions (a softmax's exp(x - max) needs
+# the whole row's max first); a program whose full-domain stores use its reductions runs as
+# two (the reductions split, then a pointwise program). A chained reduction over fewer
+# than FEW_ROWS rows of at least LONG_ROW_BYTES each runs on the reference backend, whose
+# torch reductions split rows.
+SPLIT_ROWS = 32
+SPLIT_THREADS = 256
+SPLIT_MIN_VECTORS = 8  # vectors per thread and split, at least: the block's reduction is amortized
+SPLIT_MIN = 8  # fewer splits than this: one 1024-thread block per row streams about as fast
+SPLIT_WAVES = 8  # blocks per SM the splits of all rows aim at
 FEW_ROWS = 4
 LONG_ROW_BYTES = 2**20
 COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
@@ -73,6 +82,7 @@ class Geometry:
     row_threads: int = 0
     row_vectors: int = 0  # 0 with row_threads set: the row is too long for registers (looped passes)
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
+    split_rows: bool = False  # a row reduction whose rows are split across blocks (``row_splits``)
     col_vectors: int = 0  # column vectors per block (columns only)
     outer_select_dim: int | None = None  # the domain dim of a cat/pad along the outermost outer
     #                                      mode (pieces picked per row); a select along any other
@@ -100,7 +110,7 @@ class Geometry:
             for o in self.operands
         )
         return (
-            len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors,
+            len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors, self.split_rows,
             self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands), self.reuse,
             tuple(m and (m, self.bases[o.source].ndim) for m, o in zip(self.base_maps, self.operands)), self.map_ref,
         )
@@ -186,10 +196,12 @@ def _select_axes(prog: Program, ref: torch.Tensor, domain) -> tuple[int | None, 
     return inner, (outer[0] if outer else None)
 
 
-def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], iotas: dict | None = None) -> Geometry:
+def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], iotas: dict | None = None,
+                   sm_count: int = 132) -> Geometry:
     """``env`` maps ``id(Value)`` to the segment input tensors; ``store_tensors`` are the
     tensors each store writes (freshly allocated outputs, or the ``out`` of a write);
-    ``iotas`` gives ``(start, step)`` of the loaded values a kernel may compute instead."""
+    ``iotas`` gives ``(start, step)`` of the loaded values a kernel may compute instead;
+    ``sm_count`` the GPU's multiprocessors (an H100's without one), for splitting rows."""
     iotas = iotas or {}
     domain = prog.domain
     if not _numel(domain):
@@ -319,6 +331,8 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
     _call_recipe(geo)
     if columns:
         geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
+    elif prog.family == "rows" and _splits_rows(prog, _numel(outer), n, vector, sm_count):
+        geo.split_rows, geo.row_threads = True, SPLIT_THREADS
     elif prog.family == "rows":
         _refuse_few_long_rows(operands, _numel(outer), n)
         _row_tiling(geo)
@@ -453,6 +467,28 @@ def ref_first(n: int, ref: int) -> list[int]:
     return [ref] + [i for i in range(n) if i != ref]
 
 
+def row_splits(rows: int, n: int, vector: int, sm_count: int) -> tuple[int, int]:
+    """(splits per row, vectors per split) for a row reduction of ``rows`` rows of ``n``
+    elements: SPLIT_WAVES blocks per SM over all rows, each thread walking at least
+    SPLIT_MIN_VECTORS vectors of its split."""
+    nvec = -(-n // vector)
+    splits = max(1, min(-(-SPLIT_WAVES * sm_count // rows), nvec // (SPLIT_THREADS * SPLIT_MIN_VECTORS)))
+    per = -(-nvec // splits)
+    return -(-nvec // per), per
+
+
+def _splits_rows(prog: Program, rows: int, n: int, vector: int, sm_count: int) -> bool:
+    """Does this row reduction split its rows across blocks (see SPLIT_ROWS)? NeedsSplit
+    where it would, but its full-domain stores use its reductions."""
+    if rows >= SPLIT_ROWS or row_splits(rows, n, vector, sm_count)[0] < SPLIT_MIN:
+        return False
+    if any(has_reduce(e.arg) for e in reductions_in_order(prog)):
+        return False
+    if any(not st.is_row and has_reduce(st.expr) for st in prog.stores):
+        raise NeedsSplit(f"{rows} long row(s) split across blocks, and full-domain values computed from their reductions")
+    return True
+
+
 def _refuse_few_long_rows(operands, rows: int, n: int) -> None:
     """Unsupported for a row reduction of fewer than FEW_ROWS rows of at least
     LONG_ROW_BYTES each (see FEW_ROWS)."""
@@ -477,24 +513,23 @@ def _row_tiling(geo: Geometry) -> None:
 
 
 class NeedsSplit(Unsupported):
-    """A column program stores values computed from its own reductions over the whole
-    domain: it runs as two programs (``expr.split_at_reductions``)."""
+    """A column program, or one whose rows split across blocks, stores values computed from
+    its own reductions over the whole domain: it runs as two programs
+    (``expr.split_at_reductions``)."""
 
 
 def _check_column_program(prog: Program) -> None:
     """A column kernel finishes its reductions only after every block is done (a second
     launch combines the blocks' partial results), so nothing stored over the whole domain
     may depend on one."""
-    from thunder_fuser.kernels.expr import Reduce, subexpressions
-
     for st in prog.stores:
-        if not st.is_row and any(isinstance(e, Reduce) for e in subexpressions([st.expr])):
+        if not st.is_row and has_reduce(st.expr):
             raise NeedsSplit(f"{st.target.name} is computed from a column reduction over the whole domain")
 
 
 def column_state_offsets(reduces) -> list[int]:
-    """Where each column reduction's partials start in the workspace, in blocks of N
-    columns: one block per reduction, two for var (Welford's mean and sum of squared
+    """Where each reduction's partials start in the workspace of a column reduction (or of
+    split rows), in blocks of N columns (of M rows): one block per reduction, two for var (Welford's mean and sum of squared
     deviations). The last entry is the total."""
     offsets = [0]
     for e in reduces:

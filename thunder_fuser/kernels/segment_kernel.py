@@ -9,6 +9,8 @@ the CPU test-suite checks lowering and geometry end to end.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from thunder_fuser.backends import reference
@@ -18,7 +20,7 @@ from thunder_fuser.kernels.expr import (
     Program, Unsupported, alias_views, lower_segment, reductions_in_order, render, split_at_reductions,
 )
 from thunder_fuser.kernels.geometry import (
-    Geometry, NeedsSplit, aligned, build_geometry, column_splits, column_state_offsets, views_for_call,
+    Geometry, NeedsSplit, aligned, build_geometry, column_splits, column_state_offsets, row_splits, views_for_call,
 )
 from thunder_fuser.layout import strides_for_order
 
@@ -34,13 +36,13 @@ class _Part:
         self.base_refs: list = []  # per geometry base: (True, store index) or (False, value id)
         self.store_recipe: list = []  # per store: (value id, allocation or None), read per call
         self.checks: tuple = ()  # the geometry's alignment checks of bases this call does not allocate
-        self.workspace: tuple | None = None  # column reductions: (splits, width) of the fp32 partials
-        self.rows_per_split = 0
+        self.workspace: tuple | None = None  # column reductions, split rows: (splits, width) of the fp32 partials
+        self.per_split = 0  # rows per split of a column reduction, vectors per split of a split row
 
     def extra_args(self, device) -> tuple:
         if self.workspace is None:
             return ()
-        return (torch.empty(self.workspace, dtype=torch.float32, device=device), self.rows_per_split)
+        return (torch.empty(self.workspace, dtype=torch.float32, device=device), self.per_split)
 
 
 class SegmentKernel:
@@ -97,7 +99,7 @@ class SegmentKernel:
         part.store_recipe = [(id(st.target), a) for st, a in zip(part.prog.stores, part.allocs)]
         stores = _allocate(part.store_recipe, env, device)
         _check_no_overlap(part, env, stores)
-        geo = build_geometry(part.prog, env, stores, self.iotas.params())
+        geo = build_geometry(part.prog, env, stores, self.iotas.params(), _sm_count(device))
         refs = []
         for b in geo.bases:
             ref = next(((True, i) for i, s in enumerate(stores) if s is b), None)
@@ -108,10 +110,15 @@ class SegmentKernel:
         fresh = {j for j, (from_store, i) in enumerate(refs) if from_store and part.allocs[i] is not None}
         # a fresh allocation is 256-byte aligned, so only its static offset could misalign it
         part.checks = tuple(c for c in geo.align_checks if c[0] not in fresh or c[1] % c[2])
-        if geo.columns:
-            splits, part.rows_per_split = column_splits(geo, _sm_count(device))
-            states = column_state_offsets(reductions_in_order(part.prog))[-1]
-            part.workspace = (splits, max(1, states) * geo.n)
+        if geo.columns or geo.split_rows:
+            states = max(1, column_state_offsets(reductions_in_order(part.prog))[-1])
+            if geo.columns:
+                splits, part.per_split = column_splits(geo, _sm_count(device))
+                part.workspace = (splits, states * geo.n)
+            else:
+                rows = math.prod(geo.outer)
+                splits, part.per_split = row_splits(rows, geo.n, geo.vector, _sm_count(device))
+                part.workspace = (splits, states * rows)
         for st, t in zip(part.prog.stores, stores):
             env[id(st.target)] = t
 
@@ -274,7 +281,7 @@ def _compile(members: list, device):
             prog, geo = members[0]
             launch = cute_emit.build_launch(prog, geo)
             args = [cute_emit.fake_operands(geo)]
-            if geo.columns:
+            if geo.columns or geo.split_rows:
                 args += [cute_emit.fake_workspace(), 1]
         else:
             launch = cute_emit.build_pointwise_group([p for p, _ in members], [g for _, g in members])
