@@ -1177,8 +1177,7 @@ def build_split_rows(prog: Program, geo: Geometry):
     each split across blocks, in two launches and no atomics, as the column reductions run.
     The first: one block per split of a row (grid ``(splits, M)``); its threads walk the
     split's vectors, store the full-domain values on the way (none of them uses a reduction)
-    and reduce each reduction over the split in fp32: var as the split's mean and then its
-    sum of squared deviations from that mean (a second walk, over data still in L2). Thread
+    and reduce each reduction over the split in fp32, in one walk (var: see ``partial_body``). Thread
     0 writes the block's partials into the workspace ``[splits, states * M]``, laid out as a
     column reduction's with rows for columns. The second: ``FINALIZE_LANES`` lanes per row
     combine the splits with the column finalize's helpers (Kahan sums, Chan's merges of
@@ -1203,55 +1202,57 @@ def build_split_rows(prog: Program, geo: Geometry):
         j0 = split * per
         j1 = cutlass.min(N // V, j0 + per)
         count = ((j1 - j0) * V).to(cutlass.Float32)
-        smem = iter(_shared_accumulators(T, warps, 2 * len(reduces) + 1))
-
-        def walk(args, each, stores):
-            """``each(k, x, pred)`` for every vector of the split, ``x`` the fp32 values of
-            ``args[k]`` there, storing the full-domain values there too where ``stores``:
-            SPLIT_UNROLL vectors per thread and step, all their loads issued before any
-            math (a step per vector kept one load in flight)."""
-            def step(j):
-                evs = []
-                for u in range(SPLIT_UNROLL):
-                    pred = ok & (j + u * T < j1)
-                    ev = _vector_evaluator(geo, t2s, tvs, m, j + u * T, N, pred, no_row_value)
-                    for ld in streamed:
-                        ev.ev(ld)
-                    evs.append((ev, j + u * T, pred))
-                for ev, jj, pred in evs:
-                    for st, slot in stores:
-                        _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N, pred)
-                    for k, a in enumerate(args):
-                        each(k, _vector(ev.ev(a), V, torch.float32), pred)
-
-            _for_range(j0 + tidx, j1, T * SPLIT_UNROLL, step)
-
-        def accumulate(ops_, args, center=None, stores=()):
-            """Each of ``args`` (centered: ``(x - center)**2``) reduced by its op over the
-            split, then over the block's threads."""
-            accs = []
-            for op in ops_:
-                a = _frag((1, 1), torch.float32)
-                a.fill(_IDENTITY[op])
-                accs.append(a)
-
-            def each(k, x, pred):
-                op = ops_[k]
-                v = _centered(x, center).reduce(_VECTOR_OP[op], _IDENTITY[op], 0)
-                accs[k][0] = _COMBINE[op](accs[k][0], cutlass.select_(pred, v, cutlass.Float32(_IDENTITY[op])))
-
-            walk(args, each, stores)
-            return [_across_threads(a[0], op, tidx, T, warps, smem) for a, op in zip(accs, ops_)]
-
-        firsts = accumulate([first_op[id(e)] for e in reduces], [e.arg for e in reduces], stores=full)
-        for e, r0, offset in zip(reduces, firsts, offsets):
-            if e.op == "var":  # the split's mean, then its squared deviations from that mean
-                mean = r0 / count
-                (m2,) = accumulate(["sum"], [e.arg], mean)
-                _store_scalar_if(ws, split, offset * M + r, mean, ok & (tidx == 0))
-                _store_scalar_if(ws, split, (offset + 1) * M + r, m2, ok & (tidx == 0))
+        # per reduction, the sums a thread keeps: var's are of (x - c) and (x - c)**2, with
+        # c the split's first value of its argument, the same for every thread so that the
+        # block's sums add; with c a sample of the data, c + mean(x - c) and
+        # sum((x - c)**2) - sum(x - c)**2 / count do not cancel as plain sums of x and x**2
+        # would for a mean large beside the spread
+        terms = []  # (reduction index, op, transform of the argument's fp32 vector)
+        c_of = {}
+        for i, e in enumerate(reduces):
+            if e.op == "var":
+                first = _frag((1, V), torch.float32)
+                first.store(_vector(_vector_evaluator(geo, t2s, tvs, m, j0, N, ok, no_row_value).ev(e.arg), V,
+                                    torch.float32))
+                c = c_of[id(e)] = first[0]
+                terms += [(i, "sum", lambda x, c=c: x - c), (i, "sum", lambda x, c=c: (x - c) * (x - c))]
             else:
-                _store_scalar_if(ws, split, offset * M + r, r0, ok & (tidx == 0))
+                terms.append((i, first_op[id(e)], lambda x: x))
+        accs = []
+        for _, op, _ in terms:
+            a = _frag((1, 1), torch.float32)
+            a.fill(_IDENTITY[op])
+            accs.append(a)
+
+        def step(j):
+            """SPLIT_UNROLL vectors per thread, all their loads issued before any math (a
+            step per vector kept one load in flight)."""
+            evs = []
+            for u in range(SPLIT_UNROLL):
+                pred = ok & (j + u * T < j1)
+                ev = _vector_evaluator(geo, t2s, tvs, m, j + u * T, N, pred, no_row_value)
+                for ld in streamed:
+                    ev.ev(ld)
+                evs.append((ev, j + u * T, pred))
+            for ev, jj, pred in evs:
+                for st, slot in full:
+                    _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N, pred)
+                for (i, op, f), a in zip(terms, accs):
+                    v = f(_vector(ev.ev(reduces[i].arg), V, torch.float32)).reduce(_VECTOR_OP[op], _IDENTITY[op], 0)
+                    a[0] = _COMBINE[op](a[0], cutlass.select_(pred, v, cutlass.Float32(_IDENTITY[op])))
+
+        _for_range(j0 + tidx, j1, T * SPLIT_UNROLL, step)
+        smem = iter(_shared_accumulators(T, warps, len(terms) + 1))
+        sums = [_across_threads(a[0], op, tidx, T, warps, smem) for (_, op, _), a in zip(terms, accs)]
+        it = iter(sums)
+        for e, offset in zip(reduces, offsets):
+            first_ok = ok & (tidx == 0)
+            if e.op == "var":
+                s1, s2 = next(it), next(it)
+                _store_scalar_if(ws, split, offset * M + r, c_of[id(e)] + s1 / count, first_ok)
+                _store_scalar_if(ws, split, (offset + 1) * M + r, s2 - s1 * s1 / count, first_ok)
+            else:
+                _store_scalar_if(ws, split, offset * M + r, next(it), first_ok)
 
     def finalize_body(t2s, ws, M, N, per, r, lane):
         ok = r < M
