@@ -25,7 +25,7 @@ UNARY = (
     "{a}.to(torch.bfloat16)", "{a} * 0.5 + 1", "torch.where({a} > 0, {a}, 0.1 * {a})", "torch.sqrt({a}.abs() + 1)",
 )
 BINARY = ("{a} + {b}", "{a} - {b}", "{a} * {b}", "torch.maximum({a}, {b})", "{a} / ({b}.abs() + 1)")
-REDUCTIONS = ("{a}.sum({d})", "{a}.amax({d})", "{a}.mean({d})", "{a}.sum({d}, keepdim=True)")
+REDUCTIONS = ("{a}.sum({d})", "{a}.amax({d})", "{a}.mean({d})", "{a}.sum({d}, keepdim=True)", "{a}.var({d})", "{a}.sum()")
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,9 @@ class Program(SourceProgram):
 
 
 @st.composite
-def programs(draw, max_ops: int = 5) -> Program:
+def programs(draw, max_ops: int = 5, reduction: bool | str | None = None) -> Program:
+    """``reduction``: None, maybe end with a reduction; True, end with one; "last", end
+    with one over the last dim (mostly the innermost in memory: a row reduction)."""
     ndim = draw(st.integers(1, 3))
     shape = [draw(st.sampled_from(OTHER_DIMS)) for _ in range(ndim - 1)] + [draw(st.sampled_from(LAST_DIMS))]
     while len(shape) > 1 and torch.Size(shape).numel() > MAX_ELEMENTS:
@@ -101,7 +103,7 @@ def programs(draw, max_ops: int = 5) -> Program:
     prog.returns.append(last)
     if i and draw(st.booleans()):  # an intermediate is an output too
         prog.returns.append(draw(st.sampled_from(values[len(arguments):-1])))
-    if ndims[last] and draw(st.booleans()):
-        d = draw(st.integers(-ndims[last], ndims[last] - 1))
+    if ndims[last] and (reduction or draw(st.booleans())):
+        d = -1 if reduction == "last" else draw(st.integers(-ndims[last], ndims[last] - 1))
         prog.returns.append(draw(st.sampled_from(REDUCTIONS)).format(a=last, d=d))
     return prog

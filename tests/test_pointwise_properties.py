@@ -12,6 +12,9 @@ from helpers import (
 )
 from pointwise_programs import Argument, Program, programs
 
+# eager warns of var over a dim of extent 1 (a NaN, which the kernels must match)
+pytestmark = pytest.mark.filterwarnings("ignore:var\\(\\). degrees of freedom")
+
 # found by these properties: every dim of extent 1 (its base map rebuilt the operand with
 # stride 0 where the kernel reads a vector)
 ALL_ONES = Program([Argument((1, 1), "float32", "contiguous")], ["t0 = a + a"], ["t0"])
@@ -44,3 +47,39 @@ def test_random_pointwise_programs_compile_to_ptx(program):
     CPU (CuTe DSL needs no GPU for that): a program that would fall back on the GPU because
     its kernel fails to generate fails here, in CI."""
     compile_planned_kernels_to_ptx(program.compile(), program.make_arguments("cpu"))
+
+
+def rows_split_early():
+    """Every row reduction whose rows hold at least 2 x 64 vectors splits them across blocks
+    of 64 threads (``geometry.SPLIT_ROWS``), however many rows: the random programs' rows
+    (up to 4097 elements) then take the split-row kernels."""
+    from thunder_fuser.kernels import geometry
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(geometry, "SPLIT_ROWS", 2**31)
+    mp.setattr(geometry, "SPLIT_MIN", 2)
+    mp.setattr(geometry, "SPLIT_MIN_VECTORS", 1)
+    mp.setattr(geometry, "SPLIT_THREADS", 64)
+    return mp
+
+
+@settings(max_examples=kernel_examples(20))
+@given(programs(reduction="last"))
+def test_random_reductions_over_split_rows_compile_to_ptx(program):
+    mp = rows_split_early()
+    try:
+        compile_planned_kernels_to_ptx(program.compile(), program.make_arguments("cpu"))
+    finally:
+        mp.undo()
+
+
+@pytest.mark.cuda
+@settings(max_examples=kernel_examples(40))
+@given(programs(reduction="last"))
+def test_random_reductions_over_split_rows_match_float64_on_kernels(program):
+    mp = rows_split_early()
+    try:
+        check_kernels_fall_back_only_where_lowering_does(
+            program.compile(), program.make_arguments("cuda"), check=check_vs_float64)
+    finally:
+        mp.undo()
