@@ -32,6 +32,7 @@ CASES = {
     "x.sum(), 64M fp32": (lambda x: x.sum(), lambda: (torch.randn(2**26, device="cuda"),)),
     "(x * y).sum(-1), [4, 4M] bf16": (lambda x, y: (x * y).sum(-1), lambda: _bf16(2, 4, 2**22)),
     "(x * y).sum(-1), [16, 1M] bf16": (lambda x, y: (x * y).sum(-1), lambda: _bf16(2, 16, 2**20)),
+    "(x * y).sum(-1), [48, 1M] bf16 (not split)": (lambda x, y: (x * y).sum(-1), lambda: _bf16(2, 48, 2**20)),
     "x.var(), 64M fp32": (lambda x: x.var(), lambda: (torch.randn(2**26, device="cuda"),)),
     "mse_loss, [8192, 4096] bf16": (F.mse_loss, lambda: _bf16(2, 8192, 4096)),
     "layer_norm, [4, 1M] bf16": (lambda x: F.layer_norm(x, (2**20,)), lambda: _bf16(1, 4, 2**20)),
