@@ -2,8 +2,8 @@
 rows (dev aid; GPU machine). "s11": session 11's rules (a strided operand sends a row
 reduction to the reference backend, torch op by op; any row count runs as a row kernel);
 "s12": ``geometry.GATHER_ROWS`` gathers the strided operand in the row kernel, and fewer
-than ``geometry.FEW_ROWS`` long rows go to the reference backend; "now": fewer than
-``geometry.SPLIT_ROWS`` long rows split across blocks. Prints ms of each beside eager and
+than ``geometry.FEW_ROWS`` long rows go to the reference backend; "now": a few long rows
+split across blocks (``geometry.SPLIT_MIN``). Prints ms of each beside eager and
 torch.compile; each result is checked against eager. ``python scripts/gather_rows_probe.py
 long`` runs the long-row cases only."""
 import sys
@@ -32,7 +32,7 @@ CASES = {
     "x.sum(), 64M fp32": (lambda x: x.sum(), lambda: (torch.randn(2**26, device="cuda"),)),
     "(x * y).sum(-1), [4, 4M] bf16": (lambda x, y: (x * y).sum(-1), lambda: _bf16(2, 4, 2**22)),
     "(x * y).sum(-1), [16, 1M] bf16": (lambda x, y: (x * y).sum(-1), lambda: _bf16(2, 16, 2**20)),
-    "(x * y).sum(-1), [48, 1M] bf16 (not split)": (lambda x, y: (x * y).sum(-1), lambda: _bf16(2, 48, 2**20)),
+    "(x * y).sum(-1), [48, 1M] bf16": (lambda x, y: (x * y).sum(-1), lambda: _bf16(2, 48, 2**20)),
     "x.var(), 64M fp32": (lambda x: x.var(), lambda: (torch.randn(2**26, device="cuda"),)),
     "mse_loss, [8192, 4096] bf16": (F.mse_loss, lambda: _bf16(2, 8192, 4096)),
     "layer_norm, [4, 1M] bf16": (lambda x: F.layer_norm(x, (2**20,)), lambda: _bf16(1, 4, 2**20)),
@@ -40,9 +40,9 @@ CASES = {
 }
 LONG = [name for name in CASES if "y.t()" not in name and "v[::2]" not in name]
 RULES = {
-    "s11": dict(GATHER_ROWS=False, FEW_ROWS=0, SPLIT_ROWS=0),
-    "s12": dict(GATHER_ROWS=True, FEW_ROWS=geometry.FEW_ROWS, SPLIT_ROWS=0),
-    "now": dict(GATHER_ROWS=True, FEW_ROWS=geometry.FEW_ROWS, SPLIT_ROWS=geometry.SPLIT_ROWS),
+    "s11": dict(GATHER_ROWS=False, FEW_ROWS=0, SPLIT_MIN=2**31),
+    "s12": dict(GATHER_ROWS=True, FEW_ROWS=geometry.FEW_ROWS, SPLIT_MIN=2**31),
+    "now": dict(GATHER_ROWS=True, FEW_ROWS=geometry.FEW_ROWS, SPLIT_MIN=geometry.SPLIT_MIN),
 }
 
 

@@ -117,7 +117,7 @@ def _split_row_launches(jfn) -> int:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_few_long_rows_split_across_blocks(dtype):
-    """Fewer than ``geometry.SPLIT_ROWS`` long rows: each row split across blocks, the
+    """A few long rows (``geometry.SPLIT_MIN``): each row split across blocks, the
     splits' partials combined by a second launch. Every reduction with a full-domain store
     on the way; var (Chan's merges) with a large mean; a layer norm (the statistics split,
     then a pointwise pass); whole-tensor reductions (a loss, a norm written out: thunder runs

@@ -242,10 +242,10 @@ def test_unsupported_segment_reason(torch_kernels):
 
 
 def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
-    """A row kernel runs one block per row: fewer than ``geometry.SPLIT_ROWS`` long rows (a
-    loss's ``.sum()``: one row) split each row across blocks, whose partials a second launch
-    combines; explain() says so. A layer norm over such rows runs its statistics split and
-    then a pointwise pass. A chained reduction cannot split (softmax's exp(x - max) needs the
+    """A row kernel runs one block per row: a few long rows (a loss's ``.sum()``: one row)
+    split each row across blocks, whose partials a second launch combines; explain() says
+    so. A layer norm over up to 66 such rows (``geometry.SPLIT_MIN`` splits each in one
+    wave) runs its statistics split and then a pointwise pass, over 67 as a row kernel. A chained reduction cannot split (softmax's exp(x - max) needs the
     whole row's max): over fewer than ``geometry.FEW_ROWS`` long rows it runs on the
     reference backend and explain() says why; over FEW_ROWS rows it is a row kernel."""
     n = geometry.LONG_ROW_BYTES // 4
@@ -259,9 +259,11 @@ def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
     assert splits == n // (4 * geometry.SPLIT_THREADS * geometry.SPLIT_MIN_VECTORS)
     assert (f"segment 0 splits each row of its reduction across {splits} blocks, then combines their partials "
             "in a second launch") in explain(jfn)
-    jfn, _ = check_vs_eager(lambda x: torch.nn.functional.layer_norm(x, (n,)), _r(geometry.SPLIT_ROWS - 1, n))
+    most = geometry.SPLIT_BLOCKS_PER_SM * 132 // geometry.SPLIT_MIN
+    assert most == 66
+    jfn, _ = check_vs_eager(lambda x: torch.nn.functional.layer_norm(x, (n,)), _r(most, n))
     assert split_rows(jfn) == [True, False]
-    jfn, _ = check_vs_eager(lambda x: torch.nn.functional.layer_norm(x, (n,)), _r(geometry.SPLIT_ROWS, n))
+    jfn, _ = check_vs_eager(lambda x: torch.nn.functional.layer_norm(x, (n,)), _r(most + 1, n))
     assert split_rows(jfn) == [False]
     jfn, _ = check_vs_eager(softmax, _r(1, n))
     assert ("reference", None) in _kernels(jfn)

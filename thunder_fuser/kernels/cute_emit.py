@@ -1173,7 +1173,7 @@ def build_columns(prog: Program, geo: Geometry):
 # ---- split rows ---------------------------------------------------------------------------
 
 def build_split_rows(prog: Program, geo: Geometry):
-    """Few long rows (a loss's mean, a norm over a whole tensor; ``geometry.SPLIT_ROWS``),
+    """Few long rows (a loss's mean, a norm over a whole tensor; ``geometry.SPLIT_MIN``),
     each split across blocks, in two launches and no atomics, as the column reductions run.
     The first: one block per split of a row (grid ``(splits, M)``); its threads walk the
     split's vectors, store the full-domain values on the way (none of them uses a reduction)

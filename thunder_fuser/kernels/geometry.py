@@ -33,20 +33,23 @@ REUSE_ROWS = 2  # rows a pointwise thread walks along a broadcast mode: 2 measur
 GATHER_ROWS = True  # a row reduction may read an operand strided along its row, element by element
 # A row kernel gives each row one block, and one block streams only 65-100 GB/s on an H100
 # (scripts/gather_rows_probe.py: x.sum() of 64M fp32 took 2.64 ms as one row, torch 0.095;
-# a [4, 4M] bf16 product summed per row 0.25 ms, eager 0.05). A reduction of fewer than
-# SPLIT_ROWS rows, each long enough for SPLIT_MIN splits, therefore splits every row across
-# blocks (``row_splits``): each block reduces its stretch of the row into a partial, and a
-# second launch combines them, as the column reductions do (``cute_emit.build_split_rows``).
-# That needs every reduction's argument free of reductions (a softmax's exp(x - max) needs
-# the whole row's max first); a program whose full-domain stores use its reductions runs as
-# two (the reductions split, then a pointwise program). A chained reduction over fewer
-# than FEW_ROWS rows of at least LONG_ROW_BYTES each runs on the reference backend, whose
-# torch reductions split rows.
-SPLIT_ROWS = 32
+# a [4, 4M] bf16 product summed per row 0.25 ms, eager 0.05). A row reduction whose rows
+# take at least SPLIT_MIN splits (``row_splits``: one wave of SPLIT_BLOCKS_PER_SM blocks per
+# SM over all rows, each thread walking at least SPLIT_MIN_VECTORS vectors) therefore
+# splits every row across blocks: each block reduces its stretch of the row into a partial,
+# and a second launch combines them, as the column reductions do
+# (``cute_emit.build_split_rows``). On the H100 that is up to 66 long rows: 48 rows of 1M
+# bf16 took 0.074 ms split and 0.087 as a row kernel, 96 rows of 512K 0.074 and 0.072;
+# 128 rows of 256K split 9 ways (a wave and a fraction) took 0.070 against 0.048
+# (scripts/split_rows_probe.py). Splitting needs every reduction's argument free of
+# reductions (a softmax's exp(x - max) needs the whole row's max first); a program whose
+# full-domain stores use its reductions runs as two (the reductions split, then a
+# pointwise program). A chained reduction over fewer than FEW_ROWS rows of at least
+# LONG_ROW_BYTES each runs on the reference backend, whose torch reductions split rows.
 SPLIT_THREADS = 256
 SPLIT_MIN_VECTORS = 8  # vectors per thread and split, at least: the block's reduction is amortized
-SPLIT_MIN = 8  # fewer splits than this: one 1024-thread block per row streams about as fast
-SPLIT_WAVES = 8  # blocks per SM the splits of all rows aim at
+SPLIT_MIN = 8  # fewer splits than this: a row kernel streams about as fast, in one launch
+SPLIT_BLOCKS_PER_SM = 4  # resident blocks per SM the splits of all rows fill, in one wave
 FEW_ROWS = 4
 LONG_ROW_BYTES = 2**20
 COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
@@ -469,18 +472,19 @@ def ref_first(n: int, ref: int) -> list[int]:
 
 def row_splits(rows: int, n: int, vector: int, sm_count: int) -> tuple[int, int]:
     """(splits per row, vectors per split) for a row reduction of ``rows`` rows of ``n``
-    elements: SPLIT_WAVES blocks per SM over all rows, each thread walking at least
+    elements: at most one wave of SPLIT_BLOCKS_PER_SM blocks per SM over all rows (a
+    fraction of a second wave would cost a whole one), each thread walking at least
     SPLIT_MIN_VECTORS vectors of its split."""
     nvec = -(-n // vector)
-    splits = max(1, min(-(-SPLIT_WAVES * sm_count // rows), nvec // (SPLIT_THREADS * SPLIT_MIN_VECTORS)))
+    splits = max(1, min(SPLIT_BLOCKS_PER_SM * sm_count // rows, nvec // (SPLIT_THREADS * SPLIT_MIN_VECTORS)))
     per = -(-nvec // splits)
     return -(-nvec // per), per
 
 
 def _splits_rows(prog: Program, rows: int, n: int, vector: int, sm_count: int) -> bool:
-    """Does this row reduction split its rows across blocks (see SPLIT_ROWS)? NeedsSplit
+    """Does this row reduction split its rows across blocks (see SPLIT_MIN)? NeedsSplit
     where it would, but its full-domain stores use its reductions."""
-    if rows >= SPLIT_ROWS or row_splits(rows, n, vector, sm_count)[0] < SPLIT_MIN:
+    if row_splits(rows, n, vector, sm_count)[0] < SPLIT_MIN:
         return False
     if any(has_reduce(e.arg) for e in reductions_in_order(prog)):
         return False
