@@ -108,6 +108,20 @@ def test_column_reductions(dtype):
     reduce_without_fallback(lambda x: torch.var_mean(x, (0, 1)), 1000 + _randn(64, 300, 256, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_division_by_a_constant_is_eagers_to_the_bit(dtype):
+    """Eager CUDA divides by a scalar as a multiply by its fp32 reciprocal; the kernels
+    multiply by the same reciprocal, so the results are equal, not just close."""
+    x = _randn(33, 4097, dtype=dtype)
+    f = thunder.jit(lambda x: (x / 1.4142135623730951, x / 3.0, x / -7.5), executors=[fuser_ex])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        got = f(x)
+    assert not any(p.fallbacks for p in plans(thunder.last_traces(f)[-1]))
+    for g, want in zip(got, (x / 1.4142135623730951, x / 3.0, x / -7.5)):
+        torch.testing.assert_close(g, want, atol=0, rtol=0)
+
+
 def _split_row_launches(jfn) -> int:
     """Programs of ``jfn`` whose rows split across blocks; no segment on the reference backend."""
     ps = plans(thunder.last_traces(jfn)[-1])

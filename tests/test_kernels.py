@@ -454,6 +454,18 @@ def test_bf16_roundings_pack_two_lanes_or_compute_in_bf16(ptx_compile):
     assert "tanh.approx" not in ptx
 
 
+def test_a_division_by_a_constant_multiplies_by_its_reciprocal(ptx_compile):
+    """Eager CUDA divides by a scalar as a multiply by its fp32 reciprocal; so do the
+    kernels (the exact GELU backward divides twice by sqrt(2) per element): no
+    ``div.rn.f32``, whose dozen instructions and slow-path branch made it compute-bound. A
+    division by a tensor stays a division."""
+    parts = _backward_parts(torch.nn.functional.gelu, _r(64, 4096))
+    ptx = "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in parts)
+    assert "ex2.approx" in ptx and "div.rn.f32" not in ptx  # the kernel (its exp) is there, no division
+    (part,) = planned_parts(lambda a, b: a / b, (_r(64, 256), _r(64, 256)))
+    assert "div.rn.f32" in _ptx(segment_kernel.compile_program(part.prog, part.geo, None))
+
+
 def test_fp16_roundings_pack_two_lanes_too(ptx_compile):
     (part,) = planned_parts(lambda a, b: (a * 0.1 + b) * a, (_r(64, 256, dtype=torch.float16), _r(64, 256, dtype=torch.float16)))
     ptx = _ptx(segment_kernel.compile_program(part.prog, part.geo, None))

@@ -109,6 +109,22 @@ def _pow(a, b):
     return cute.math.pow(a, b)
 
 
+def _nonzero_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x != 0 and math.isfinite(x)
+
+
+def _reciprocal(c, dt):
+    """``1 / c`` for a division by the constant ``c``, as eager CUDA computes it: PyTorch's
+    true division by a scalar multiplies by the reciprocal, taken in the op's math type
+    (``div_true_kernel_cuda``), so ``x * (1 / c)`` is eager's result to the bit, and costs one
+    multiply where ``div.rn.f32`` costs a dozen instructions and a slow-path branch (an
+    exact GELU divides twice per element by sqrt(2))."""
+    if dt == torch.float64:
+        return 1.0 / c
+    one = torch.tensor(1.0, dtype=torch.float32)
+    return (one / torch.tensor(c, dtype=torch.float32)).item()
+
+
 def _trunc_div(a, b, dt):
     """thunder's integer ``div``: the quotient rounded toward zero (C's ``/``). The DSL's ``//``
     floors, so where the remainder is not zero and the operands' signs differ add one."""
@@ -178,6 +194,8 @@ def apply_op(e: Op, args, arg_dtypes):
         if op == "div" and not out.is_floating_point:
             return _trunc_div(_cast(args[0], out), _cast(args[1], out), out)
         cd = _compute_dtype(out)
+        if op == "div" and _nonzero_number(args[1]) and not _nonzero_number(args[0]):
+            return _cast(_cast(args[0], cd) * _reciprocal(args[1], cd), out)
         return _cast(BINARY_MATH[op](_cast(args[0], cd), _cast(args[1], cd)), out)
     if op in COMPARE:
         tensor_dts = [d for d in arg_dtypes if isinstance(d, torch.dtype)]
