@@ -46,6 +46,15 @@ def main():
     bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]
     views = views_for_call(part.geo, bases)
     dev = x.device
+    out_slot = next(i for i, (from_store, _) in enumerate(part.base_refs) if from_store)
+
+    def empty_like_out():
+        o = bases[out_slot]
+        return torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=dev)
+
+    def fresh_bases():
+        return [empty_like_out() if i == out_slot else b for i, b in enumerate(bases)]
+
     nop = tvm_ffi.get_global_func("testing.nop")  # the FFI crossing alone, no launch
     rows = [
         ("eager x + 1", lambda: x + 1),
@@ -55,6 +64,10 @@ def main():
         ("general path (plan.run)", lambda: plan.run(args)),
         ("segment kernel run", lambda: k.run(dict(env))),
         ("bare TVM-FFI kernel call", lambda: part.fn(views)),
+        # the same launch with its output allocated fresh per call, as the runner's is, and
+        # with an allocation beside it that the launch does not use
+        ("launch into a fresh output", lambda: part.fn(views_for_call(part.geo, fresh_bases()))),
+        ("launch + unused allocation", lambda: (part.fn(views), empty_like_out())),
         ("TVM-FFI no-op, same operands", lambda: nop(views)),
         ("torch.empty_strided", lambda: torch.empty_strided((8, 64), (64, 1), **bf)),
         ("torch.empty", lambda: torch.empty((8, 64), dtype=bf["dtype"], device=dev)),
