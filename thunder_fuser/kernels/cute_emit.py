@@ -1148,44 +1148,14 @@ def build_columns(prog: Program, geo: Geometry):
 
     def finalize_body(t2s, ws, M, N, per, c, lane):
         ok = c < N
-        values = {}
-        for e, offset in zip(reduces, offsets):
-            if e.op == "var":
-                r = _welford_combine_splits(ws, offset * N + c, lane, N, M, per, ok) / (M.to(cutlass.Float32) - e.correction)
-            elif e.op in ("sum", "mean"):
-                r = _sum_splits(ws, offset * N + c, lane, ok)
-            else:
-                r = _combine_splits(ws, offset * N + c, lane, ok, _COMBINE[e.op], _IDENTITY[e.op])
-            if e.op == "mean":
-                r = r / M.to(cutlass.Float32)
-            values[id(e)] = _result(r, e.dtype)
+        values = _combined_splits(reduces, offsets, ws, N, c, lane, M, per, ok)
         ev = _row_evaluator(geo, t2s, 0, c, ok, lambda e: values[id(e)])
         for st, slot in per_column:
             _store_scalar_if(t2s[slot], 0, c, _cast(ev.ev(st.expr), ops[slot].dtype), ok & (lane == 0))
 
-    @cute.kernel
-    def partial(t2s, tvs, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bx, split, _ = cute.arch.block_idx()
-        partial_body(t2s, tvs, ws, M, N, per, tidx, bx, split)
-
-    @cute.kernel
-    def finalize(t2s, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        g = bidx * T + tidx
-        finalize_body(t2s, ws, M, N, per, g // FINALIZE_LANES, g % FINALIZE_LANES)
-
-    @cute.jit
-    def launch(ts, ws: cute.Tensor, per: cutlass.Int32, stream):
-        t2s, tvs, M, N = _operand_views(ts, geo, rank, V, ref_slot)
-        blocks_x = (N // V + CW - 1) // CW
-        partial(t2s, tvs, ws, M, N, per).launch(grid=[blocks_x, cute.size(ws, mode=[0]), 1], block=[T, 1, 1],
-                                                stream=stream)
-        finalize(t2s, ws, M, N, per).launch(grid=[(N * FINALIZE_LANES + T - 1) // T, 1, 1], block=[T, 1, 1],
-                                            stream=stream)
-
-    return launch
+    return _partials_then_finalize(
+        geo, rank, ref_slot, T, partial_body, finalize_body,
+        lambda ws, M, N: [(N // V + CW - 1) // CW, cute.size(ws, mode=[0]), 1], lambda M, N: N)
 
 
 # ---- split rows ---------------------------------------------------------------------------
@@ -1274,26 +1244,48 @@ def build_split_rows(prog: Program, geo: Geometry):
 
     def finalize_body(t2s, ws, M, N, per, r, lane):
         ok = r < M
-        values = {}
-        for e, offset in zip(reduces, offsets):
-            col = offset * M + r
-            if e.op == "var":
-                v = _welford_combine_splits(ws, col, lane, M, N, per * V, ok) / (N.to(cutlass.Float32) - e.correction)
-            elif e.op in ("sum", "mean"):
-                v = _sum_splits(ws, col, lane, ok)
-                if e.op == "mean":
-                    v = v / N.to(cutlass.Float32)
-            else:
-                v = _combine_splits(ws, col, lane, ok, _COMBINE[e.op], _IDENTITY[e.op])
-            values[id(e)] = _result(v, e.dtype)
+        values = _combined_splits(reduces, offsets, ws, M, r, lane, N, per * V, ok)
         m = _row_coord(t2s[ref_slot], cutlass.min(r, M - 1), rank)
         _store_row_values(prog, geo, t2s, m, ok & (lane == 0), lambda e: values[id(e)])
+
+    return _partials_then_finalize(
+        geo, rank, ref_slot, T, partial_body, finalize_body, lambda ws, M, N: [cute.size(ws, mode=[0]), M, 1],
+        lambda M, N: M)
+
+
+def _combined_splits(reduces, offsets, ws, width, c, lane, count, per, pred) -> dict:
+    """Per reduction (by id), its result for column ``c`` of the workspace's blocks of
+    ``width`` (a column of a column reduction, a row of split rows): the splits' partials
+    combined by ``FINALIZE_LANES`` lanes; ``count`` elements reduced in all, ``per`` of them
+    per split (var's merges weigh each split by its count)."""
+    values = {}
+    for e, offset in zip(reduces, offsets):
+        col = offset * width + c
+        if e.op == "var":
+            r = _welford_combine_splits(ws, col, lane, width, count, per, pred) / (count.to(cutlass.Float32) - e.correction)
+        elif e.op in ("sum", "mean"):
+            r = _sum_splits(ws, col, lane, pred)
+            if e.op == "mean":
+                r = r / count.to(cutlass.Float32)
+        else:
+            r = _combine_splits(ws, col, lane, pred, _COMBINE[e.op], _IDENTITY[e.op])
+        values[id(e)] = _result(r, e.dtype)
+    return values
+
+
+def _partials_then_finalize(geo: Geometry, rank: int, ref_slot: int, T: int, partial_body, finalize_body, partial_grid,
+                            finalized):
+    """The two launches of a reduction split across blocks: ``partial_body(t2s, tvs, ws, M,
+    N, per, tidx, block x, block y)`` over ``partial_grid(ws, M, N)``, then
+    ``finalize_body(t2s, ws, M, N, per, c, lane)`` with ``FINALIZE_LANES`` lanes for each
+    of ``finalized(M, N)`` results."""
+    V = geo.vector
 
     @cute.kernel
     def partial(t2s, tvs, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        split, r, _ = cute.arch.block_idx()
-        partial_body(t2s, tvs, ws, M, N, per, tidx, split, r)
+        bx, by, _ = cute.arch.block_idx()
+        partial_body(t2s, tvs, ws, M, N, per, tidx, bx, by)
 
     @cute.kernel
     def finalize(t2s, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
@@ -1305,9 +1297,9 @@ def build_split_rows(prog: Program, geo: Geometry):
     @cute.jit
     def launch(ts, ws: cute.Tensor, per: cutlass.Int32, stream):
         t2s, tvs, M, N = _operand_views(ts, geo, rank, V, ref_slot)
-        partial(t2s, tvs, ws, M, N, per).launch(grid=[cute.size(ws, mode=[0]), M, 1], block=[T, 1, 1], stream=stream)
-        finalize(t2s, ws, M, N, per).launch(grid=[(M * FINALIZE_LANES + T - 1) // T, 1, 1], block=[T, 1, 1],
-                                            stream=stream)
+        partial(t2s, tvs, ws, M, N, per).launch(grid=partial_grid(ws, M, N), block=[T, 1, 1], stream=stream)
+        finalize(t2s, ws, M, N, per).launch(grid=[(finalized(M, N) * FINALIZE_LANES + T - 1) // T, 1, 1],
+                                            block=[T, 1, 1], stream=stream)
 
     return launch
 
