@@ -245,9 +245,10 @@ def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
     """A row kernel runs one block per row: a few long rows (a loss's ``.sum()``: one row)
     split each row across blocks, whose partials a second launch combines; explain() says
     so. A layer norm over up to 66 such rows (``geometry.SPLIT_MIN`` splits each in one
-    wave) runs its statistics split and then a pointwise pass, over 67 as a row kernel. A chained reduction cannot split (softmax's exp(x - max) needs the
-    whole row's max): over fewer than ``geometry.FEW_ROWS`` long rows it runs on the
-    reference backend and explain() says why; over FEW_ROWS rows it is a row kernel."""
+    wave) runs its statistics split and then a pointwise pass, over 67 as a row kernel. A
+    chained reduction cannot split (softmax's exp(x - max) needs the whole row's max): over
+    fewer than ``geometry.FEW_ROWS`` long rows it runs on the reference backend and
+    explain() says why; over FEW_ROWS rows it is a row kernel."""
     n = geometry.LONG_ROW_BYTES // 4
 
     def split_rows(jfn):

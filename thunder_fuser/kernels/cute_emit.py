@@ -1238,7 +1238,10 @@ def build_split_rows(prog: Program, geo: Geometry):
             if e.op == "var":
                 s1, s2 = next(it), next(it)
                 _store_scalar_if(ws, split, offset * M + r, c_of[id(e)] + s1 / count, first_ok)
-                _store_scalar_if(ws, split, (offset + 1) * M + r, s2 - s1 * s1 / count, first_ok)
+                # rounding could leave a split of nearly equal values a negative M2, and the
+                # variance below zero (a NaN standard deviation)
+                m2 = cutlass.max(s2 - s1 * s1 / count, cutlass.Float32(0.0))
+                _store_scalar_if(ws, split, (offset + 1) * M + r, m2, first_ok)
             else:
                 _store_scalar_if(ws, split, offset * M + r, next(it), first_ok)
 
