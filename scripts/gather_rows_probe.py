@@ -1,11 +1,11 @@
 """Row reductions that read an operand strided along the row, and reductions of a few long
 rows (dev aid; GPU machine). "s11": session 11's rules (a strided operand sends a row
-reduction to the reference backend, torch op by op; any row count runs as a row kernel);
-"s12": ``geometry.GATHER_ROWS`` gathers the strided operand in the row kernel, and fewer
-than ``geometry.FEW_ROWS`` long rows go to the reference backend; "now": a few long rows
-split across blocks (``geometry.SPLIT_MIN``). Prints ms of each beside eager and
-torch.compile; each result is checked against eager. ``python scripts/gather_rows_probe.py
-long`` runs the long-row cases only."""
+reduction to the reference backend, torch op by op; every row a block of its own);
+"rows": ``geometry.GATHER_ROWS`` gathers the strided operand in the row kernel, every row
+still a block of its own (session 12 sent fewer than four long rows to the reference
+backend instead); "now": a few long rows split across blocks (``geometry.SPLIT_MIN``).
+Prints ms of each beside eager and torch.compile; each result is checked against eager.
+``python scripts/gather_rows_probe.py long`` runs the long-row cases only."""
 import sys
 
 import thunder_fuser  # noqa: F401
@@ -36,13 +36,15 @@ CASES = {
     "x.var(), 64M fp32": (lambda x: x.var(), lambda: (torch.randn(2**26, device="cuda"),)),
     "mse_loss, [8192, 4096] bf16": (F.mse_loss, lambda: _bf16(2, 8192, 4096)),
     "layer_norm, [4, 1M] bf16": (lambda x: F.layer_norm(x, (2**20,)), lambda: _bf16(1, 4, 2**20)),
+    "softmax, [2, 1M] fp32": (lambda x: torch.softmax(x, -1), lambda: (torch.randn(2, 2**20, device="cuda"),)),
+    "softmax(x, 0), [32768, 64] fp32": (lambda x: torch.softmax(x, 0), lambda: (torch.randn(2**15, 64, device="cuda"),)),
     "x.sum(), 1M fp32": (lambda x: x.sum(), lambda: (torch.randn(2**20, device="cuda"),)),
 }
 LONG = [name for name in CASES if "y.t()" not in name and "v[::2]" not in name]
 RULES = {
-    "s11": dict(GATHER_ROWS=False, FEW_ROWS=0, SPLIT_MIN=2**31),
-    "s12": dict(GATHER_ROWS=True, FEW_ROWS=geometry.FEW_ROWS, SPLIT_MIN=2**31),
-    "now": dict(GATHER_ROWS=True, FEW_ROWS=geometry.FEW_ROWS, SPLIT_MIN=geometry.SPLIT_MIN),
+    "s11": dict(GATHER_ROWS=False, SPLIT_MIN=2**31),
+    "rows": dict(GATHER_ROWS=True, SPLIT_MIN=2**31),
+    "now": dict(GATHER_ROWS=True, SPLIT_MIN=geometry.SPLIT_MIN),
 }
 
 

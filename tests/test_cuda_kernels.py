@@ -106,6 +106,8 @@ def test_column_reductions(dtype):
     reduce_without_fallback(lambda x: x.sum((0, 1)), _randn(16, 512, 1000, dtype=dtype))
     # var (Welford) with a large mean, where a sum-of-squares formula would cancel
     reduce_without_fallback(lambda x: torch.var_mean(x, (0, 1)), 1000 + _randn(64, 300, 256, dtype=dtype))
+    # a reduction inside another's argument: the max, then the sum of exp(x - max), then the division
+    run_without_fallback(lambda x: torch.softmax(x, 0), _randn(3000, 257, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -136,7 +138,8 @@ def test_few_long_rows_split_across_blocks(dtype):
     on the way; var (Chan's merges) with a large mean; a layer norm (the statistics split,
     then a pointwise pass); whole-tensor reductions (a loss, a norm written out: thunder runs
     ``torch.linalg.vector_norm`` as one torch call), one of an odd length (scalar accesses);
-    rows over two outer dims; a gathered operand."""
+    rows over two outer dims; a gathered operand; softmax and log_softmax (their max
+    first, then their sum of exp(x - max), then the division)."""
     n = 2**20 + 24  # splits of unequal length
     jfn, _ = reduce_without_fallback(
         lambda x: (x.sum(-1), x.amax(-1), x.amin(-1), x.mean(-1, keepdim=True), x.var(-1), x * 2), _randn(3, n, dtype=dtype))
@@ -158,6 +161,8 @@ def test_few_long_rows_split_across_blocks(dtype):
     jfn, _ = reduce_without_fallback(lambda x, y: (x + y.t()).sum(-1), _randn(4, 2**19, dtype=dtype),
                                      _randn(2**19, 4, dtype=dtype))
     assert _split_row_launches(jfn) == 1
+    jfn, _ = run_without_fallback(lambda x: (torch.softmax(x, -1), torch.log_softmax(x, -1)), _randn(2, n, dtype=dtype))
+    assert _split_row_launches(jfn) >= 2  # the max, then the sum of exp(x - max), then the division
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

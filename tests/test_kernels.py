@@ -246,10 +246,9 @@ def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
     split each row across blocks, whose partials a second launch combines; explain() says
     so. A layer norm over up to 66 such rows (``geometry.SPLIT_MIN`` splits each in one
     wave) runs its statistics split and then a pointwise pass, over 67 as a row kernel. A
-    chained reduction cannot split (softmax's exp(x - max) needs the whole row's max): over
-    fewer than ``geometry.FEW_ROWS`` long rows it runs on the reference backend and
-    explain() says why; over FEW_ROWS rows it is a row kernel."""
-    n = geometry.LONG_ROW_BYTES // 4
+    softmax of one long row runs its max split, then its sum of exp(x - max) split, then
+    the division."""
+    n = 2**18
 
     def split_rows(jfn):
         return [part.geo.split_rows for kind, k in _kernels(jfn) if k for part in k.parts]
@@ -267,10 +266,15 @@ def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
     jfn, _ = check_vs_eager(lambda x: torch.nn.functional.layer_norm(x, (n,)), _r(most + 1, n))
     assert split_rows(jfn) == [False]
     jfn, _ = check_vs_eager(softmax, _r(1, n))
-    assert ("reference", None) in _kernels(jfn)
-    assert f"a reduction of 1 row(s) of {n} elements: a row kernel runs one block per row" in explain(jfn)
-    jfn, _ = check_vs_eager(softmax, _r(geometry.FEW_ROWS, n))
-    assert split_rows(jfn) == [False]
+    assert split_rows(jfn) == [True, True, False] and "reference" not in explain(jfn)
+
+
+def test_a_softmax_over_columns_runs_its_max_then_its_sum_then_the_division(torch_kernels):
+    """A column kernel's results exist only after its second launch, so a reduction inside
+    another's argument runs first, on its own (``expr.split_at_reductions``)."""
+    jfn, _ = check_vs_eager(lambda x: torch.softmax(x, 0), _r(4096, 64))
+    parts = [(part.prog.family, part.geo.columns) for _, k in _kernels(jfn) for part in k.parts]
+    assert parts == [("rows", True), ("rows", True), ("pointwise", False)]
 
 
 def test_a_row_reduction_gathers_an_operand_strided_along_the_row(torch_kernels):
@@ -359,6 +363,12 @@ FAMILIES = {
     ),
     "split rows (a layer norm of 4 long rows: statistics split, then pointwise; bf16)": (
         lambda x: torch.nn.functional.layer_norm(x, (2**18,)), lambda: (_r(4, 2**18, dtype=torch.bfloat16),)
+    ),
+    "split rows (a softmax of one long row: its max, its sum, then the division)": (
+        softmax, lambda: (_r(1, 2**18),)
+    ),
+    "column reductions chained (a softmax over columns: its max, its sum, then the division; bf16)": (
+        lambda x: torch.softmax(x, 0), lambda: (_r(4096, 64, dtype=torch.bfloat16),)
     ),
     "resize along an outer dim (cat, bf16)": (
         lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))

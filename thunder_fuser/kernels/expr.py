@@ -20,7 +20,7 @@ segment runs on the reference backend.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from thunder_fuser.ir.ops import METADATA, POINTWISE, REDUCTION
 from thunder_fuser.kernels.constants import Iotas, fill_number, find_iotas, number_op
@@ -258,9 +258,13 @@ def reductions_in_order(prog: Program) -> list:
 def split_at_reductions(prog: Program) -> list[Program]:
     """A reduction program whose full-domain stores depend on its own reductions, as two
     programs: the reductions (each stored to a temporary, one value per row or column),
-    then a pointwise program that reads the temporaries broadcast. A column reduction
-    needs this (its result exists only after every block is done); it costs one more read
-    of the inputs the stores use."""
+    then a pointwise program that reads the temporaries broadcast. A column reduction, or
+    rows split across blocks, needs this (a result exists only after every block is done);
+    it costs one more read of the inputs the stores use. A program with a reduction inside
+    another's argument (a softmax's sum of exp(x - max)) peels its first reductions off
+    instead (``_peel_first_reductions``), and what is left may split again."""
+    if any(has_reduce(e.arg) for e in reductions_in_order(prog)):
+        return _peel_first_reductions(prog)
     full_dep = [st for st in prog.stores if not st.is_row and has_reduce(st.expr)]
     temps: dict[int, Load] = {}
     keep = tuple(1 if d in prog.reduced else s for d, s in enumerate(prog.domain))
@@ -289,6 +293,40 @@ def split_at_reductions(prog: Program) -> list[Program]:
     for p in (stats, apply):
         _collect_loads(p)
     return [stats, apply]
+
+
+def _peel_first_reductions(prog: Program) -> list[Program]:
+    """Two programs: the reductions whose arguments hold none (a softmax's max), each
+    stored to a temporary, one value per row or column; then the whole program with those
+    read back from the temporaries (its chained reductions now one level shallower)."""
+    keep = tuple(1 if d in prog.reduced else s for d, s in enumerate(prog.domain))
+    temps: dict[int, Load] = {}
+    first = []
+    for i, e in enumerate(r for r in reductions_in_order(prog) if not has_reduce(r.arg)):
+        tmp = Value(f"_{e.op}{i}", keep, e.dtype)
+        temps[id(e)] = Load(tmp, row=True)
+        first.append(Store(tmp, e, is_row=True))
+    memo: dict[int, object] = {}
+
+    def swap(e):
+        if _is_number(e) or isinstance(e, Load):
+            return e
+        if id(e) not in memo:
+            if id(e) in temps:
+                memo[id(e)] = temps[id(e)]
+            elif isinstance(e, Reduce):
+                memo[id(e)] = replace(e, arg=swap(e.arg))
+            elif isinstance(e, Op):
+                memo[id(e)] = Op(e.op, tuple(swap(a) for a in e.args), e.dtype)
+            else:
+                raise Unsupported(f"a {type(e).__name__.lower()} beside a chained reduction")
+        return memo[id(e)]
+
+    rest = [replace(st, expr=swap(st.expr)) for st in prog.stores]
+    programs = [Program("rows", prog.domain, prog.reduced, first), Program("rows", prog.domain, prog.reduced, rest)]
+    for p in programs:
+        _collect_loads(p)
+    return programs
 
 
 def has_reduce(e) -> bool:

@@ -41,17 +41,14 @@ GATHER_ROWS = True  # a row reduction may read an operand strided along its row,
 # (``cute_emit.build_split_rows``). On the H100 that is up to 66 long rows: 48 rows of 1M
 # bf16 took 0.074 ms split and 0.087 as a row kernel, 96 rows of 512K 0.074 and 0.072;
 # 128 rows of 256K split 9 ways (a wave and a fraction) took 0.070 against 0.048
-# (scripts/split_rows_probe.py). Splitting needs every reduction's argument free of
-# reductions (a softmax's exp(x - max) needs the whole row's max first); a program whose
-# full-domain stores use its reductions runs as two (the reductions split, then a
-# pointwise program). A chained reduction over fewer than FEW_ROWS rows of at least
-# LONG_ROW_BYTES each runs on the reference backend, whose torch reductions split rows.
+# (scripts/split_rows_probe.py). A split row's results exist only after both launches, so
+# a program whose full-domain stores use its reductions runs as two (the reductions split,
+# then a pointwise program), and one with a reduction inside another's argument (a
+# softmax's exp(x - max)) first runs the inner one (``expr.split_at_reductions``).
 SPLIT_THREADS = 256
 SPLIT_MIN_VECTORS = 8  # vectors per thread and split, at least: the block's reduction is amortized
 SPLIT_MIN = 8  # fewer splits than this: a row kernel streams about as fast, in one launch
 SPLIT_BLOCKS_PER_SM = 4  # resident blocks per SM the splits of all rows fill, in one wave
-FEW_ROWS = 4
-LONG_ROW_BYTES = 2**20
 COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
 
 
@@ -337,7 +334,6 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
     elif prog.family == "rows" and _splits_rows(prog, _numel(outer), n, vector, sm_count):
         geo.split_rows, geo.row_threads = True, SPLIT_THREADS
     elif prog.family == "rows":
-        _refuse_few_long_rows(operands, _numel(outer), n)
         _row_tiling(geo)
     elif outer_sel is None:
         geo.reuse = _broadcast_reuse(geo)
@@ -487,21 +483,10 @@ def _splits_rows(prog: Program, rows: int, n: int, vector: int, sm_count: int) -
     if row_splits(rows, n, vector, sm_count)[0] < SPLIT_MIN:
         return False
     if any(has_reduce(e.arg) for e in reductions_in_order(prog)):
-        return False
+        raise NeedsSplit(f"{rows} long row(s) split across blocks, and a reduction inside another's argument")
     if any(not st.is_row and has_reduce(st.expr) for st in prog.stores):
         raise NeedsSplit(f"{rows} long row(s) split across blocks, and full-domain values computed from their reductions")
     return True
-
-
-def _refuse_few_long_rows(operands, rows: int, n: int) -> None:
-    """Unsupported for a row reduction of fewer than FEW_ROWS rows of at least
-    LONG_ROW_BYTES each (see FEW_ROWS)."""
-    itemsize = max((o.dtype.itemsize for o in operands if not o.is_store), default=4)
-    if rows < FEW_ROWS and n * itemsize >= LONG_ROW_BYTES:
-        raise Unsupported(
-            f"a reduction of {rows} row(s) of {n} elements: a row kernel runs one block per row, "
-            f"which leaves the GPU idle; torch splits such rows"
-        )
 
 
 def _row_tiling(geo: Geometry) -> None:
@@ -524,8 +509,10 @@ class NeedsSplit(Unsupported):
 
 def _check_column_program(prog: Program) -> None:
     """A column kernel finishes its reductions only after every block is done (a second
-    launch combines the blocks' partial results), so nothing stored over the whole domain
-    may depend on one."""
+    launch combines the blocks' partial results), so nothing stored over the whole domain,
+    and no other reduction, may depend on one."""
+    if any(has_reduce(e.arg) for e in reductions_in_order(prog)):
+        raise NeedsSplit("a column reduction inside another's argument")
     for st in prog.stores:
         if not st.is_row and has_reduce(st.expr):
             raise NeedsSplit(f"{st.target.name} is computed from a column reduction over the whole domain")
