@@ -266,29 +266,9 @@ def split_at_reductions(prog: Program) -> list[Program]:
     if any(has_reduce(e.arg) for e in reductions_in_order(prog)):
         return _peel_first_reductions(prog)
     full_dep = [st for st in prog.stores if not st.is_row and has_reduce(st.expr)]
-    temps: dict[int, Load] = {}
-    keep = tuple(1 if d in prog.reduced else s for d, s in enumerate(prog.domain))
-    first = [st for st in prog.stores if st not in full_dep]
     used = {id(x) for x in subexpressions(st.expr for st in full_dep)}
-    for i, e in enumerate(r for r in reductions_in_order(prog) if id(r) in used):
-        tmp = Value(f"_{e.op}{i}", keep, e.dtype)
-        temps[id(e)] = Load(tmp, row=True)
-        first.append(Store(tmp, e, is_row=True))
-    memo: dict[int, object] = {}
-
-    def swap(e):
-        if _is_number(e) or isinstance(e, Load):
-            return e
-        if id(e) not in memo:
-            if isinstance(e, Reduce):
-                memo[id(e)] = temps[id(e)]
-            elif isinstance(e, Op):
-                memo[id(e)] = Op(e.op, tuple(swap(a) for a in e.args), e.dtype)
-            else:
-                raise Unsupported(f"a {type(e).__name__.lower()} in a normalization's epilogue")
-        return memo[id(e)]
-
-    stats = Program("rows", prog.domain, prog.reduced, first)
+    stored, swap = _read_back(prog, [r for r in reductions_in_order(prog) if id(r) in used])
+    stats = Program("rows", prog.domain, prog.reduced, [st for st in prog.stores if st not in full_dep] + stored)
     apply = Program("pointwise", prog.domain, prog.reduced, [Store(st.target, swap(st.expr)) for st in full_dep])
     for p in (stats, apply):
         _collect_loads(p)
@@ -299,13 +279,24 @@ def _peel_first_reductions(prog: Program) -> list[Program]:
     """Two programs: the reductions whose arguments hold none (a softmax's max), each
     stored to a temporary, one value per row or column; then the whole program with those
     read back from the temporaries (its chained reductions now one level shallower)."""
+    stored, swap = _read_back(prog, [r for r in reductions_in_order(prog) if not has_reduce(r.arg)])
+    rest = [replace(st, expr=swap(st.expr)) for st in prog.stores]
+    programs = [Program("rows", prog.domain, prog.reduced, stored), Program("rows", prog.domain, prog.reduced, rest)]
+    for p in programs:
+        _collect_loads(p)
+    return programs
+
+
+def _read_back(prog: Program, reductions: list):
+    """Stores of ``reductions`` into temporaries (one value per row or column), and
+    ``swap(expr)``: the expression with each of them read back from its temporary."""
     keep = tuple(1 if d in prog.reduced else s for d, s in enumerate(prog.domain))
     temps: dict[int, Load] = {}
-    first = []
-    for i, e in enumerate(r for r in reductions_in_order(prog) if not has_reduce(r.arg)):
+    stored = []
+    for i, e in enumerate(reductions):
         tmp = Value(f"_{e.op}{i}", keep, e.dtype)
         temps[id(e)] = Load(tmp, row=True)
-        first.append(Store(tmp, e, is_row=True))
+        stored.append(Store(tmp, e, is_row=True))
     memo: dict[int, object] = {}
 
     def swap(e):
@@ -319,14 +310,10 @@ def _peel_first_reductions(prog: Program) -> list[Program]:
             elif isinstance(e, Op):
                 memo[id(e)] = Op(e.op, tuple(swap(a) for a in e.args), e.dtype)
             else:
-                raise Unsupported(f"a {type(e).__name__.lower()} beside a chained reduction")
+                raise Unsupported(f"a {type(e).__name__.lower()} where reductions are read back")
         return memo[id(e)]
 
-    rest = [replace(st, expr=swap(st.expr)) for st in prog.stores]
-    programs = [Program("rows", prog.domain, prog.reduced, first), Program("rows", prog.domain, prog.reduced, rest)]
-    for p in programs:
-        _collect_loads(p)
-    return programs
+    return stored, swap
 
 
 def has_reduce(e) -> bool:
