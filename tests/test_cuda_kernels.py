@@ -58,6 +58,13 @@ def test_pointwise_ragged_1d_tail(dtype, n):
     run_without_fallback(lambda a, b: torch.exp(a) * 2 + b, _randn(n, dtype=dtype), _randn(n, dtype=dtype))
 
 
+@pytest.mark.parametrize("n", [4097, 6])
+def test_a_ragged_bool_mask(n):
+    """A bool operand's ragged tail is read element by element (each element converted: it
+    reads as Int8)."""
+    run_without_fallback(lambda m, x: torch.where(m, 2.0, x) + 1, _randn(n) > 0, _randn(n))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pointwise_input_whose_fastest_dim_differs_and_casts(dtype):
     def f(a, b, c):

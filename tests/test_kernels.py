@@ -277,6 +277,21 @@ def test_a_softmax_over_columns_runs_its_max_then_its_sum_then_the_division(torc
     assert parts == [("rows", True), ("rows", True), ("pointwise", False)]
 
 
+def test_an_in_place_update_of_a_tensor_this_segment_updated_writes_it_once(torch_kernels):
+    """``x[1:3] = 0.5`` copies a new tensor into x, then ``x.add_`` writes into that copy's
+    result, an alias of x: one store into x, of the later value (the random in-place
+    programs found the second store looking for the alias as a tensor of its own, and
+    falling back with a KeyError)."""
+
+    def f(x):
+        x[1:3] = 0.5
+        x.add_(0.5)
+        return x * 1.0
+
+    jfn, _ = check_vs_eager(f, _r(4, 6))
+    assert all(k for _, k in _kernels(jfn)) and not any(p.fallbacks for p in _plans(jfn))
+
+
 def test_a_row_reduction_gathers_an_operand_strided_along_the_row(torch_kernels):
     """x is row-major and y.t() column-major, so the reduced dim is innermost for one and
     outermost for the other: one row kernel reads y.t() element by element (4.3x faster
@@ -369,6 +384,9 @@ FAMILIES = {
     ),
     "column reductions chained (a softmax over columns: its max, its sum, then the division; bf16)": (
         lambda x: torch.softmax(x, 0), lambda: (_r(4096, 64, dtype=torch.bfloat16),)
+    ),
+    "pointwise ragged 1-D bool mask (its tail read element by element)": (
+        lambda m, x: torch.where(m, 2.0, x), lambda: (_r(4097) > 0, _r(4097))
     ),
     "resize along an outer dim (cat, bf16)": (
         lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))

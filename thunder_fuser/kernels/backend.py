@@ -58,14 +58,21 @@ class KernelFallbackWarning(UserWarning):
     """A segment runs on the reference backend because no kernel could be generated."""
 
 
-def warn_fallback(region_name: str, seg, reason: str) -> None:
+class KernelBugWarning(KernelFallbackWarning):
+    """A segment runs on the reference backend because building its kernel raised something
+    other than ``Unsupported``: a bug in lowering, geometry or code generation, whatever the
+    backend (the torch backend warns of these too). Results stay right; the test suite makes
+    this warning an error, so such a bug fails CI instead of hiding behind the fallback."""
+
+
+def warn_fallback(region_name: str, seg, reason: str, bug: bool = False) -> None:
     key = (region_name, seg.index, reason)
     if key in _warned:
         return
     _warned.add(key)
     warnings.warn(
         f"thunder_fuser: {region_name} segment {seg.index} ({seg.describe()}) runs on the reference backend: {reason}",
-        KernelFallbackWarning,
+        KernelBugWarning if bug else KernelFallbackWarning,
         stacklevel=3,
     )
 

@@ -346,7 +346,9 @@ def _move_if_full(frag: cute.Tensor, tile: cute.Tensor, t2: cute.Tensor, m, n0, 
             if cutlass.const_expr(store):
                 t2[(m, n0 + k)] = frag[k]
             else:
-                frag[k] = t2[(m, n0 + k)]
+                # a bool element reads as Int8 here (CuTe DSL 4.8): converted, or the store
+                # into the Boolean fragment fails to compile (a ragged bool mask's tail)
+                frag[k] = frag.element_type(t2[(m, n0 + k)])
 
 
 @cute.jit

@@ -331,6 +331,7 @@ class _Lowering:
         self.env: dict[int, object] = {}
         self.writes: set[int] = set()
         self.store_writes: list[Store] = []
+        self.write_targets: dict[int, Value] = {}  # a write's result -> the tensor it wrote
         self._leaves: dict[int, Load] = {}
         # shapes of one value per row (a running statistic beside a reduction's result)
         self.row_shapes: set = set()
@@ -393,10 +394,20 @@ class _Lowering:
             raise Unsupported(f"no kernel template for {op}")
 
     def write(self, src, dst: Value, out: Value) -> None:
+        """Store ``src`` into ``dst``; ``out`` is the written tensor afterwards. A ``dst``
+        that an earlier write of this segment produced (``x.copy_(a)`` then ``x.add_(1)``
+        writes into the first one's result) is that write's tensor: the later store,
+        which covers it all, replaces the earlier one (the earlier value stays readable
+        as an expression)."""
         e = self.operand(src)
+        target = self.write_targets.get(id(dst))
+        if target is not None:
+            self.store_writes = [st for st in self.store_writes if st.target is not target]
+            dst = target
         self.store_writes.append(Store(dst, e, is_row=is_row(e)))
         self.env[id(out)] = e
         self.writes.add(id(out))
+        self.write_targets[id(out)] = dst
 
     def reduction(self, node: Node) -> None:
         if self.seg.kind not in ("reduction", "normalization"):

@@ -119,8 +119,9 @@ class Plan:
             self.kernels[seg.index] = None
             reason = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {str(e)[:300]}"
             self.fallbacks[seg.index] = reason
-            if mode == "cute":
-                warn_fallback(self.region.name, seg, reason)
+            bug = not isinstance(e, Unsupported)
+            if mode == "cute" or bug:
+                warn_fallback(self.region.name, seg, reason, bug)
             return None
 
     def _group_for(self, step: list, env):
