@@ -292,6 +292,20 @@ def test_an_in_place_update_of_a_tensor_this_segment_updated_writes_it_once(torc
     assert all(k for _, k in _kernels(jfn)) and not any(p.fallbacks for p in _plans(jfn))
 
 
+def test_an_in_place_write_into_a_value_the_segment_computes_runs_on_the_reference_backend(torch_kernels):
+    """``t0 = x * x; t0.add_(0.5)``: no tensor holds t0 inside the segment, so there is
+    nothing for a kernel to write into; the segment falls back and says why (it used to
+    fail with a KeyError, a KernelBugWarning now)."""
+
+    def f(x):
+        t0 = x * x
+        t0.add_(0.5)
+        return t0
+
+    jfn, _ = check_vs_eager(f, _r(4, 6))
+    assert "which this segment computes (no tensor holds it)" in explain(jfn)
+
+
 def test_a_row_reduction_gathers_an_operand_strided_along_the_row(torch_kernels):
     """x is row-major and y.t() column-major, so the reduced dim is innermost for one and
     outermost for the other: one row kernel reads y.t() element by element (4.3x faster

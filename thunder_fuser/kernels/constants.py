@@ -62,6 +62,10 @@ def find_iotas(nodes, outputs) -> Iotas:
 
 def typed_number(x, dtype):
     """``x`` as the Python number a kernel constant of ``dtype`` holds."""
+    if isinstance(x, complex) or getattr(dtype, "is_complex", False):
+        from thunder_fuser.kernels.expr import Unsupported  # expr imports this module
+
+        raise Unsupported(f"a complex constant ({x!r})")
     if dtype == torch.bool:
         return bool(x)
     return float(x) if dtype.is_floating_point else int(x)

@@ -404,6 +404,8 @@ class _Lowering:
         if target is not None:
             self.store_writes = [st for st in self.store_writes if st.target is not target]
             dst = target
+        elif not any(v is dst for v in self.seg.inputs):
+            raise Unsupported(f"an in-place write into {dst.name}, which this segment computes (no tensor holds it)")
         self.store_writes.append(Store(dst, e, is_row=is_row(e)))
         self.env[id(out)] = e
         self.writes.add(id(out))
