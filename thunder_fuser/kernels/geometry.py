@@ -243,7 +243,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
         ref = store_views[0][0]
     columns = prog.family == "rows" and _kept_innermost(ref, reduced)
     if columns:
-        _check_column_program(prog)
+        _check_two_launch_program(prog, "a column reduction")
     inner_sel, outer_sel = _select_axes(prog, ref, domain)
     sels = set(prog.select_dims)
     order = _order(ref, reduced, inner_sel, outer_sel, columns)
@@ -482,10 +482,7 @@ def _splits_rows(prog: Program, rows: int, n: int, vector: int, sm_count: int) -
     where it would, but its full-domain stores use its reductions."""
     if row_splits(rows, n, vector, sm_count)[0] < SPLIT_MIN:
         return False
-    if any(has_reduce(e.arg) for e in reductions_in_order(prog)):
-        raise NeedsSplit(f"{rows} long row(s) split across blocks, and a reduction inside another's argument")
-    if any(not st.is_row and has_reduce(st.expr) for st in prog.stores):
-        raise NeedsSplit(f"{rows} long row(s) split across blocks, and full-domain values computed from their reductions")
+    _check_two_launch_program(prog, f"{rows} long row(s) split across blocks")
     return True
 
 
@@ -507,21 +504,22 @@ class NeedsSplit(Unsupported):
     (``expr.split_at_reductions``)."""
 
 
-def _check_column_program(prog: Program) -> None:
-    """A column kernel finishes its reductions only after every block is done (a second
-    launch combines the blocks' partial results), so nothing stored over the whole domain,
-    and no other reduction, may depend on one."""
+def _check_two_launch_program(prog: Program, what: str) -> None:
+    """A column reduction, or a row reduction split across blocks, finishes its reductions
+    only after every block is done (a second launch combines the blocks' partial results),
+    so no other reduction and nothing stored over the whole domain may depend on one:
+    NeedsSplit otherwise (``expr.split_at_reductions``)."""
     if any(has_reduce(e.arg) for e in reductions_in_order(prog)):
-        raise NeedsSplit("a column reduction inside another's argument")
+        raise NeedsSplit(f"{what}, and a reduction inside another's argument")
     for st in prog.stores:
         if not st.is_row and has_reduce(st.expr):
-            raise NeedsSplit(f"{st.target.name} is computed from a column reduction over the whole domain")
+            raise NeedsSplit(f"{what}, and {st.target.name} computed from a reduction over the whole domain")
 
 
 def column_state_offsets(reduces) -> list[int]:
     """Where each reduction's partials start in the workspace of a column reduction (or of
-    split rows), in blocks of N columns (of M rows): one block per reduction, two for var (Welford's mean and sum of squared
-    deviations). The last entry is the total."""
+    split rows), in blocks of N columns (of M rows): one block per reduction, two for var
+    (a mean and a sum of squared deviations). The last entry is the total."""
     offsets = [0]
     for e in reduces:
         offsets.append(offsets[-1] + (2 if e.op == "var" else 1))
