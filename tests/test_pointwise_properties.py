@@ -18,10 +18,18 @@ pytestmark = pytest.mark.filterwarnings("ignore:var\\(\\). degrees of freedom")
 # found by these properties: every dim of extent 1 (its base map rebuilt the operand with
 # stride 0 where the kernel reads a vector)
 ALL_ONES = Program([Argument((1, 1), "float32", "contiguous")], ["t0 = a + a"], ["t0"])
+# found by the PTX property: a bool intermediate of extent 1 (c > 0, broadcast), gathered
+# element by element, read as Int8 into a Boolean fragment
+BROADCAST_BOOL = Program(
+    [Argument((5,), "float32", "contiguous"), Argument((1,), "float32", "contiguous"),
+     Argument((1,), "bfloat16", "contiguous")],
+    ["t0 = torch.where(c > 0, c, 0.1 * c)", "t1 = torch.sigmoid(t0)", "t2 = t0 + a", "t3 = t1 + a"], ["t2", "t3"],
+)
 
 
 @given(programs())  # about 0.1 s an example on the CPU
 @example(ALL_ONES)
+@example(BROADCAST_BOOL)
 def test_random_pointwise_programs_match_float64(program):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("THUNDER_FUSER_KERNELS", "torch")
@@ -32,6 +40,7 @@ def test_random_pointwise_programs_match_float64(program):
 @settings(max_examples=kernel_examples(60))
 @given(programs())
 @example(ALL_ONES)
+@example(BROADCAST_BOOL)
 def test_random_pointwise_programs_match_float64_on_kernels(program):
     """On generated kernels, with the same segments on the reference backend as the torch
     backend's lowering (a reduction over a strided row, for one, is not lowered)."""
@@ -42,6 +51,7 @@ def test_random_pointwise_programs_match_float64_on_kernels(program):
 @settings(max_examples=kernel_examples(40))
 @given(programs())
 @example(ALL_ONES)
+@example(BROADCAST_BOOL)
 def test_random_pointwise_programs_compile_to_ptx(program):
     """Every kernel the torch backend plans for a random program compiles for sm_90a on the
     CPU (CuTe DSL needs no GPU for that): a program that would fall back on the GPU because

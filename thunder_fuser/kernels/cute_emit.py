@@ -318,7 +318,7 @@ def _copy_if(src: cute.Tensor, dst: cute.Tensor, pred: cutlass.Boolean):
 def _gather_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
     for k in cutlass.range_constexpr(width):
         if pred and n0 + k < limit:
-            frag[k] = t2[(m, n0 + k)]
+            frag[k] = frag.element_type(t2[(m, n0 + k)])  # a bool element reads as Int8 (see _move_if_full)
 
 
 @cute.jit
