@@ -76,6 +76,42 @@ def test_pointwise_input_whose_fastest_dim_differs_and_casts(dtype):
     run_without_fallback(f, a, b, c)
 
 
+def _staged(jfn) -> list:
+    """Per kernel program of ``jfn``: (the staged mode, how many operands it stages), or ()
+    where nothing is staged; no segment on the reference backend."""
+    ps = plans(thunder.last_traces(jfn)[-1])
+    assert not any(p.fallbacks for p in ps), [p.fallbacks for p in ps]
+    return [part.geo.stage and (part.geo.stage[0], len(part.geo.stage[1]))
+            for p in ps for k in p.kernels.values() if k for part in k.parts]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_operands_staged_through_shared_memory(dtype):
+    """Operands contiguous along another dim than the output's go through shared-memory
+    tiles (``geometry._transpose_stage``): ragged tiles along both dims, two staged
+    operands, vectors of one element (an odd N), a staged operand narrower than the output (fp32 vectors of 4 over bf16
+    tiles), a slice of a transposed tensor (an offset), the staged mode outer of another
+    outer mode (beside an operand broadcast along that one), and a gathered mode too short
+    to stage beside a staged one."""
+    x, y = _randn(300, 520, dtype=dtype), _randn(520, 300, dtype=dtype)
+    jfn, _ = run_without_fallback(lambda x, y: torch.exp(x) + y.t() * 2, x, y)
+    assert _staged(jfn) == [(0, 1)]
+    jfn, _ = run_without_fallback(lambda x, y, z: x + y.t() * z.t(), x, y, _randn(520, 300, dtype=dtype))
+    assert _staged(jfn) == [(0, 2)]
+    jfn, _ = run_without_fallback(lambda x, y: x.float() * y.t(), x, _randn(520, 300))
+    assert _staged(jfn) == [(0, 1)]
+    jfn, _ = run_without_fallback(lambda x, y: x + y.t(), _randn(300, 517, dtype=dtype), _randn(517, 300, dtype=dtype))
+    assert _staged(jfn) == [(0, 1)]  # an odd row: vectors of one element, a tile row of 128 bytes still
+    jfn, _ = run_without_fallback(lambda x, y: x + y[3:515, 1:-3].t(), _randn(296, 512, dtype=dtype), y)
+    assert _staged(jfn) == [(0, 1)]
+    a, b, c = _randn(70, 5, 48, dtype=dtype), _randn(5, 48, 70, dtype=dtype), _randn(70, 1, 48, dtype=dtype)
+    jfn, _ = run_without_fallback(lambda a, b, c: a - b.permute(2, 0, 1) * c, a, b, c)  # b: fastest along dim 0
+    assert _staged(jfn) == [(1, 1)]
+    jfn, _ = run_without_fallback(lambda a, b, c: a * b.transpose(1, 2) + c.transpose(0, 2), _randn(3, 70, 48, dtype=dtype),
+                                  _randn(3, 48, 70, dtype=dtype), _randn(48, 70, 3, dtype=dtype))
+    assert _staged(jfn) == [(0, 1)]  # c, contiguous along the 3 batches, stays gathered
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [128, 4096, 4097, 16384])
 def test_row_kernels(dtype, n):

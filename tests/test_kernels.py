@@ -269,6 +269,29 @@ def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
     assert split_rows(jfn) == [True, True, False] and "reference" not in explain(jfn)
 
 
+def test_an_operand_contiguous_along_another_dim_is_staged_and_explain_says_so(torch_kernels):
+    """x + y.t(): y is contiguous along the output's rows, so a kernel reads it through
+    shared-memory tiles (``geometry._transpose_stage``); explain() names it. Not where that
+    dim is too short to fill a tile, nor in a row reduction (whose block holds one row)."""
+
+    def stages(jfn):
+        return [part.geo.stage for kind, k in _kernels(jfn) if k for part in k.parts]
+
+    jfn, _ = check_vs_eager(lambda x, y: x + y.t(), _r(64, 96), _r(96, 64))
+    assert stages(jfn) == [(0, (1,))]
+    assert ("segment 0 reads y through shared-memory tiles (a tiled transpose: it is contiguous along another dim "
+            "than the output)") in explain(jfn)
+    jfn, _ = check_vs_eager(lambda x, y, z: x * y.transpose(1, 2) + z.transpose(1, 2), _r(2, 64, 96), _r(2, 96, 64),
+                            _r(2, 96, 64))
+    assert stages(jfn) == [(0, (1, 2))]
+    assert "reads y, z through shared-memory tiles (a tiled transpose: they are" in explain(jfn)
+    short = geometry.STAGE_MIN_ROWS - 1
+    jfn, _ = check_vs_eager(lambda x, y: x + y.t(), _r(short, 96), _r(96, short))
+    assert stages(jfn) == [()] and "shared-memory" not in explain(jfn)
+    jfn, _ = check_vs_eager(lambda x, y: (x + y.t()).sum(-1), _r(64, 96), _r(96, 64))
+    assert stages(jfn) == [()]
+
+
 def test_a_softmax_over_columns_runs_its_max_then_its_sum_then_the_division(torch_kernels):
     """A column kernel's results exist only after its second launch, so a reduction inside
     another's argument runs first, on its own (``expr.split_at_reductions``)."""
@@ -350,7 +373,12 @@ def _two_level(name: str):
 FAMILIES = {
     "pointwise bf16 with broadcast": (gelu_bias, lambda: (_r(33, 4096, dtype=torch.bfloat16), _r(4096, dtype=torch.bfloat16))),
     "pointwise ragged 1-D": (lambda a: torch.exp(a) * 2, lambda: (_r(4097),)),
-    "pointwise gather (transposed input)": (lambda a, b: a * b, lambda: (_r(40, 33).t(), _r(33, 40))),
+    "pointwise gather (transposed input, contiguous along a dim too short to stage)": (
+        lambda a, b: a * b, lambda: (_r(40, 8).t(), _r(8, 40))
+    ),
+    "pointwise staged through shared memory (a tiled transpose; bf16, 3-D, ragged tiles)": (
+        lambda a, b: a * b.transpose(1, 2), lambda: (_r(3, 40, 72, dtype=torch.bfloat16), _r(3, 72, 40, dtype=torch.bfloat16))
+    ),
     "reduction": (lambda x: x.amax(-1), lambda: (_r(37, 1000),)),
     "normalization, rows of one warp (softmax fp32, 128 wide)": (softmax, lambda: (_r(37, 128),)),
     "normalization (softmax)": (softmax, lambda: (_r(37, 1000),)),
@@ -455,6 +483,10 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         # one reciprocal of the row's sum, no division per element (whose slow path a zero
         # numerator takes: the masked half of a causal row)
         assert "rcp.rn.f32" in ptx and "div.rn.f32" not in ptx, re.findall(r"(?:div|rcp)\.[\w.]+", ptx)
+    if name.startswith("pointwise staged"):  # scalar reads along the operand's rows, 128-bit stores
+        assert "st.shared" in ptx and "bar.sync" in ptx and "st.global.v4" in ptx, ptx
+    if name.startswith("pointwise gather"):
+        assert "bar.sync" not in ptx
     if name.startswith("pointwise, broadcast"):  # per row: q, two rotate-half pieces, and half of cos and sin
         assert ptx.count("ld.global.v4") < 5 * ptx.count("st.global.v4"), ptx.count("ld.global.v4")
     assert list((tmp_path / "cache").rglob("*.o")), "the compiled kernel is exported to the disk cache"

@@ -50,7 +50,7 @@ def explain(jfn) -> str:
                 for note in plan.layout_notes:
                     lines.append(f"  for input strides {key}: {note}")
                 for i, k in sorted(plan.kernels.items()):
-                    for note in _split_notes(k):
+                    for note in _kernel_notes(k):
                         lines.append(f"  for input strides {key}: segment {i} {note}")
                 for first, why in plan.apart.items():
                     lines.append(f"  for input strides {key}: the segments sharing a launch with segment {first} launch apart: {why}")
@@ -58,11 +58,17 @@ def explain(jfn) -> str:
     return "\n".join(lines)
 
 
-def _split_notes(kernel) -> list[str]:
-    """How a segment's reductions split across blocks (two launches each: partials, then a
-    combine), where they do."""
+def _kernel_notes(kernel) -> list[str]:
+    """How a segment's kernels depart from the plain templates: reductions split across
+    blocks (two launches each: partials, then a combine), operands staged through shared
+    memory (a tiled transpose)."""
     notes = []
     for part in getattr(kernel, "parts", ()):
+        if part.geo.stage:
+            slots = set(part.geo.stage[1])
+            names = sorted({ld.source.name for ld in part.prog.loads if part.geo.load_slot[id(ld)] in slots})
+            notes.append(f"reads {', '.join(names)} through shared-memory tiles (a tiled transpose: "
+                         f"{'they are' if len(names) > 1 else 'it is'} contiguous along another dim than the output)")
         if part.workspace is None:
             continue
         splits, what = part.workspace[0], "column" if part.geo.columns else "row"

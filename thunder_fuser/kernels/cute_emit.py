@@ -45,7 +45,9 @@ from thunder_fuser.kernels.expr import (
     Load, Op, Program, Reduce, Select, Unsupported, dtype_of, reductions_in_order, subexpressions,
 )
 from thunder_fuser.kernels import packed_narrowing
-from thunder_fuser.kernels.geometry import COLUMN_THREADS, Geometry, column_state_offsets, mapped_layout, ref_first
+from thunder_fuser.kernels.geometry import (
+    COLUMN_THREADS, Geometry, column_state_offsets, mapped_layout, ref_first, stage_tile,
+)
 
 DTYPES = {
     torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
@@ -484,8 +486,9 @@ def fake_operands(geo: Geometry):
             shape = [shape[-1]]
         vec = o.inner_mode == "vec"
         strides = []
-        for s in (o.stride[:-1] if geo.outer else ()):
-            strides.append(0 if s == 0 else cute.sym_int64(divisibility=geo.vector if vec else 1))
+        staged_mode = geo.stage[0] if geo.stage and len(fakes) in geo.stage[1] else None
+        for r, s in enumerate(o.stride[:-1] if geo.outer else ()):
+            strides.append(0 if s == 0 else 1 if r == staged_mode else cute.sym_int64(divisibility=geo.vector if vec else 1))
         strides.append(1 if vec else (0 if o.inner_mode == "bcast" else cute.sym_int64()))
         align = min(16, geo.vector * o.dtype.itemsize) if vec else o.dtype.itemsize
         m = geo.base_maps[len(fakes)] if geo.base_maps else None
@@ -619,11 +622,14 @@ def _pointwise_pieces(prog: Program, geo: Geometry):
     reuse = geo.reuse
     invariant = {i for i, o in enumerate(ops) if reuse and not o.is_store and o.stride[reuse[0]] == 0}
 
-    def values(t2s, tvs, m, j, N, row_ok, shared):
+    def values(t2s, tvs, m, j, N, row_ok, shared, staged=None):
         """The stores' values at row ``m``, vector ``j``; a load of an operand broadcast along
-        the reuse mode comes from (and goes to) ``shared``, common to the thread's rows."""
+        the reuse mode comes from (and goes to) ``shared``, common to the thread's rows; one
+        in ``staged`` (slot -> vector) was read from the block's shared-memory tile."""
         n0 = j * V
         loaded = {}
+        if staged:
+            loaded.update({(slot, ()): v for slot, v in staged.items()})
         row_at = _entry(m, -1) if outer_dim is not None else None  # the position along an outer select
 
         def at(dim):
@@ -694,11 +700,13 @@ def _pointwise_pieces(prog: Program, geo: Geometry):
         nvec = (N + V - 1) // V
         return (t2s, tvs, M, N, nvec), (M * nvec + T - 1) // T
 
-    return setup, thread
+    return setup, thread, values
 
 
 def build_pointwise(prog: Program, geo: Geometry):
-    setup, thread = _pointwise_pieces(prog, geo)
+    if geo.stage:
+        return build_pointwise_staged(prog, geo)
+    setup, thread, _ = _pointwise_pieces(prog, geo)
     T = POINTWISE_THREADS
 
     @cute.kernel
@@ -727,7 +735,7 @@ def build_pointwise_group(progs: list, geos: list):
         bidx, _, _ = cute.arch.block_idx()
         for i in cutlass.range_constexpr(len(pieces)):
             if (bidx >= starts[i]) & (bidx < starts[i + 1]):
-                pieces[i][1](args[i], (bidx - starts[i]) * T + tidx)
+                pieces[i][1](args[i], (bidx - starts[i]) * T + tidx)  # no member stages (launch_group)
 
     @cute.jit
     def launch(ts_list, stream):
@@ -739,6 +747,87 @@ def build_pointwise_group(progs: list, geos: list):
         kernel(tuple(args), tuple(starts)).launch(grid=[starts[-1], 1, 1], block=[T, 1, 1], stream=stream)
 
     return launch
+
+
+def build_pointwise_staged(prog: Program, geo: Geometry):
+    """A pointwise program whose operands in ``geo.stage`` are contiguous along outer mode
+    ``r`` and strided along N (x + y.t()): each block takes a tile of rows along ``r`` by
+    vectors along N (``geometry.stage_tile``: a 128-byte line of each row). First the block copies the staged operands'
+    tiles into shared memory, consecutive threads reading consecutive rows (each warp a
+    contiguous run of that operand); then each thread computes its vectors as the plain
+    template does, reading the staged operands from the tiles along N. A tile row is padded
+    to an odd number of 32-bit words, so both walks are free of bank conflicts (4-byte
+    elements, and 2-byte ones with 8-element vectors)."""
+    V, T = geo.vector, POINTWISE_THREADS
+    TR, TJ = stage_tile(geo)
+    TN = TJ * V
+    rank = len(geo.outer) + 1
+    r, slots = geo.stage
+    ops = geo.operands
+    ref_slot = geo.store_slot[0]
+    _, _, values = _pointwise_pieces(prog, geo)
+    pitch = {s: TN + 4 // ops[s].dtype.itemsize for s in slots}
+
+    def body(t2s, tvs, N, nvec, tiles_n, tidx, bidx):  # plain Python, traced into the kernel
+        smem = cutlass.utils.SmemAllocator()
+        tiles = {s: smem.allocate_tensor(cute_dtype(ops[s].dtype), cute.make_layout((TR, TN), stride=(pitch[s], 1)), 16)
+                 for s in slots}
+        group = bidx // tiles_n
+        jt = bidx - group * tiles_n
+        coord = _row_coord(t2s[ref_slot], group, rank, (r, TR))
+        extent = _mode_extent(t2s[ref_slot], rank, r)
+        first = _entry(coord, r) * TR
+        # the staged operands' tiles, consecutive threads along r: every load issued before the
+        # first store into the tile waits for one
+        rr = tidx % TR
+        row = _with_entry(coord, r, first + rr)
+        loaded = []
+        for i in range(TR * TN // T):
+            nn = (i * T + tidx) // TR
+            ok = (first + rr < extent) & (jt * TN + nn < N)
+            loaded += [(s, nn, _load_scalar_if(t2s[s], row, jt * TN + nn, ok)) for s in slots]
+        for s, nn, value in loaded:
+            tiles[s][(rr, nn)] = value
+        cute.arch.sync_threads()
+        pending = []  # the program, a vector at a time; all loads before the stores (see _pointwise_pieces)
+        for i in range(TR * TJ // T):
+            idx = i * T + tidx
+            rr = idx // TJ
+            jj = idx - rr * TJ
+            j = jt * TJ + jj
+            row = _with_entry(coord, r, first + rr)
+            ok = (first + rr < extent) & (j < nvec)
+            staged = {s: _tile_vector(tiles[s], rr, jj * V, V) for s in slots}
+            pending.append((values(t2s, tvs, row, j, N, ok, {}, staged), row, j, ok))
+        for vals, row, j, ok in pending:
+            for val, slot in zip(vals, geo.store_slot):
+                _store_vector(val, ops[slot], t2s[slot], tvs[slot], row, j, V, N, ok)
+
+    @cute.kernel
+    def kernel(t2s, tvs, N: cutlass.Int32, nvec: cutlass.Int32, tiles_n: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        body(t2s, tvs, N, nvec, tiles_n, tidx, bidx)
+
+    @cute.jit
+    def launch(ts, stream):
+        t2s, tvs, M, N = _operand_views(ts, geo, rank, V, ref_slot)
+        extent = _mode_extent(t2s[ref_slot], rank, r)
+        groups = M // extent * ((extent + TR - 1) // TR)
+        nvec = (N + V - 1) // V
+        tiles_n = (nvec + TJ - 1) // TJ
+        kernel(t2s, tvs, N, nvec, tiles_n).launch(grid=[groups * tiles_n, 1, 1], block=[T, 1, 1], stream=stream)
+
+    return launch
+
+
+def _tile_vector(tile: cute.Tensor, row, n0, V: int):
+    """``V`` consecutive elements of a shared-memory tile's row, one access each (the
+    padded rows leave them no wider alignment)."""
+    frag = cute.make_rmem_tensor((1, V), tile.element_type)
+    for k in range(V):
+        frag[k] = tile[(row, n0 + k)]
+    return frag.load()
 
 
 def _vector(x, V, dt):

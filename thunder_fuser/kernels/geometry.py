@@ -50,6 +50,17 @@ SPLIT_MIN_VECTORS = 8  # vectors per thread and split, at least: the block's red
 SPLIT_MIN = 8  # fewer splits than this: a row kernel streams about as fast, in one launch
 SPLIT_BLOCKS_PER_SM = 4  # resident blocks per SM the splits of all rows fill, in one wave
 COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
+# A pointwise operand whose fastest dim is not the output's (x + y.t()) is read element by
+# element along N, each element a sector of its own. Where it is contiguous along an outer
+# mode instead, a block stages a tile of STAGE_ROWS rows along that mode by STAGE_ROW_BYTES
+# of the narrowest vector operand along N through shared memory: read coalesced along its
+# own fastest dim, then read by each thread along N (``cute_emit.build_pointwise_staged``,
+# Inductor's tiled transpose). A mode shorter than STAGE_MIN_ROWS keeps the gather: most
+# of a tile would idle.
+STAGE_ROWS = 32
+STAGE_ROW_BYTES = 128  # a tile row: one 128-byte line of the output (or of the narrowest vector operand)
+STAGE_MIN_ROWS = 16
+STAGE_ITEMSIZES = (2, 4)  # the shared tile's padding keeps its reads free of bank conflicts for these
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,8 @@ class Geometry:
     #                                      dim is along the vector dim
     reuse: tuple = ()  # pointwise: (outer mode, rows) a thread walks along one mode where some operand
     #                    is broadcast, loading that operand once for all its rows
+    stage: tuple = ()  # pointwise: (outer mode, operand slots) read through shared-memory tiles, the
+    #                    operands contiguous along that mode and strided along N (``_transpose_stage``)
     bases: list = field(default_factory=list)  # the first call's tensors the operands view
     call_views: tuple = ()  # per operand: (base index, None where the base is the view as it is, else
     #                        (shape, stride, element offset) of its ``as_strided``)
@@ -111,7 +124,7 @@ class Geometry:
         )
         return (
             len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors, self.split_rows,
-            self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands), self.reuse,
+            self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands), self.reuse, self.stage,
             tuple(m and (m, self.bases[o.source].ndim) for m, o in zip(self.base_maps, self.operands)), self.map_ref,
         )
 
@@ -336,7 +349,8 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
     elif prog.family == "rows":
         _row_tiling(geo)
     elif outer_sel is None:
-        geo.reuse = _broadcast_reuse(geo)
+        geo.stage = _transpose_stage(prog, geo)
+        geo.reuse = () if geo.stage else _broadcast_reuse(geo)
     if _numel(outer) * max(1, -(-n // vector)) >= 2**31:
         raise Unsupported("more than 2**31 vectors")
     return geo
@@ -382,6 +396,33 @@ def _broadcast_reuse(geo: Geometry) -> tuple:
     if best is None or REUSE_ROWS <= 1:
         return ()
     return (best, REUSE_ROWS)
+
+
+def _transpose_stage(prog: Program, geo: Geometry) -> tuple:
+    """(mode, slots): the loaded operands to stage through shared memory (see STAGE_ROWS),
+    those contiguous along outer mode ``mode`` (innermost-first index) and strided along N;
+    the mode that stages the most bytes. () when none is."""
+    shifted = {geo.load_slot[id(ld)] for ld in prog.loads if ld.shifts}
+    by_mode: dict[int, list[int]] = {}
+    for i, o in enumerate(geo.operands):
+        if o.is_store or o.inner_mode != "gather" or o.iota is not None or i in shifted:
+            continue
+        if o.dtype.itemsize not in STAGE_ITEMSIZES or o.dtype == torch.bool:
+            continue
+        r = next((r for r, s in enumerate(o.stride[:-1]) if s == 1 and o.shape[r] >= STAGE_MIN_ROWS), None)
+        if r is not None:
+            by_mode.setdefault(r, []).append(i)
+    if not by_mode:
+        return ()
+    r = max(by_mode, key=lambda r: sum(geo.operands[i].dtype.itemsize for i in by_mode[r]))
+    return (r, tuple(by_mode[r]))
+
+
+def stage_tile(geo: Geometry) -> tuple[int, int]:
+    """(rows, vectors) of a staged tile: STAGE_ROWS along the staged mode by a line of
+    STAGE_ROW_BYTES of the narrowest operand read or written in vectors along N."""
+    itemsize = min((o.dtype.itemsize for o in geo.operands if o.inner_mode == "vec"), default=4)
+    return STAGE_ROWS, max(1, STAGE_ROW_BYTES // itemsize // geo.vector)
 
 
 def aligned(checks, tensors) -> bool:

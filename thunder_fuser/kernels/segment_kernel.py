@@ -207,6 +207,8 @@ def launch_group(kernels: list) -> tuple[LaunchGroup | None, str]:
             return None, f"segment {k.seg.index} is not one pointwise launch"
         if k.write_outs or k.mode != kernels[0].mode or k.device != kernels[0].device:
             return None, f"segment {k.seg.index} writes in place or runs elsewhere"
+        if k.parts[0].geo.stage:
+            return None, f"segment {k.seg.index} stages operands through shared memory (a block-wide tile)"
     try:
         return LaunchGroup(kernels), ""
     except Exception as e:  # noqa: BLE001 - the members still run, one launch each
