@@ -3,7 +3,9 @@
 reads one operand across its rows. Prints ms and TB/s (bytes read plus written) beside
 eager, torch.compile and a device-to-device copy measured in the same call; "gather" reads
 such an operand element by element along the output's rows (session 13's kernels), "staged"
-through shared-memory tiles (``geometry.STAGE_ROWS``). Each result is checked against eager."""
+through shared-memory tiles (``geometry.STAGE_ROWS``; a row reduction copies such an
+operand into its rows' order that way first, ``expr.transpose_first``). Each result is
+checked against eager."""
 import thunder_fuser  # noqa: F401
 import thunder
 import torch
@@ -35,6 +37,7 @@ CASES = {
     "x * y.transpose(1, 2) bf16": (lambda x, y: x * y.transpose(1, 2), lambda: _heads(torch.bfloat16)),
     "(x + y.t()).sum(-1) fp32": (lambda x, y: (x + y.t()).sum(-1), lambda: _pair(torch.float32)),
     "softmax(x + y.t()) bf16": (lambda x, y: torch.softmax(x + y.t(), -1), lambda: _pair(torch.bfloat16)),
+    "layer_norm(x * y.t()) bf16": (lambda x, y: F.layer_norm(x * y.t(), (4096,)), lambda: _pair(torch.bfloat16)),
 }
 
 

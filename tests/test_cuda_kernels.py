@@ -113,6 +113,27 @@ def test_transposed_operands_staged_through_shared_memory(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_row_reductions_read_transposed_operands_from_a_staged_copy(dtype):
+    """A row reduction of x + y.t() copies y.t() into the rows' order through shared-memory
+    tiles first (``expr.transpose_first``), then reads the copy in vectors: softmax, layer
+    norm and sums, ragged tiles, an odd row, rows over a batch dim, and split rows."""
+    x, y = _randn(300, 520, dtype=dtype), _randn(520, 300, dtype=dtype)
+    for fn in (lambda x, y: torch.softmax(x + y.t(), -1), lambda x, y: (x * y.t()).sum(-1),
+               lambda x, y: torch.nn.functional.layer_norm(x * y.t(), (520,))):
+        jfn, _ = run_without_fallback(fn, x, y)
+        assert _staged(jfn) == [(0, 1), ()]
+    jfn, _ = run_without_fallback(lambda x, y: torch.softmax(x - y.t(), -1), _randn(300, 517, dtype=dtype),
+                                  _randn(517, 300, dtype=dtype))
+    assert _staged(jfn) == [(0, 1), ()]
+    jfn, _ = run_without_fallback(lambda a, b: torch.softmax(a * b.transpose(1, 2), -1), _randn(3, 70, 48, dtype=dtype),
+                                  _randn(3, 48, 70, dtype=dtype))
+    assert _staged(jfn) == [(0, 1), ()]
+    jfn, _ = reduce_without_fallback(lambda x, y: (x + y.t()).sum(-1), _randn(32, 2**18, dtype=dtype),
+                                     _randn(2**18, 32, dtype=dtype))
+    assert _staged(jfn) == [(0, 1), ()] and _split_row_launches(jfn) == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [128, 4096, 4097, 16384])
 def test_row_kernels(dtype, n):
     x, w, b = _randn(37, n, dtype=dtype), _randn(n, dtype=dtype), _randn(n, dtype=dtype)

@@ -272,7 +272,7 @@ def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
 def test_an_operand_contiguous_along_another_dim_is_staged_and_explain_says_so(torch_kernels):
     """x + y.t(): y is contiguous along the output's rows, so a kernel reads it through
     shared-memory tiles (``geometry._transpose_stage``); explain() names it. Not where that
-    dim is too short to fill a tile, nor in a row reduction (whose block holds one row)."""
+    dim is too short to fill a tile (nor in a row reduction: see the next test)."""
 
     def stages(jfn):
         return [part.geo.stage for kind, k in _kernels(jfn) if k for part in k.parts]
@@ -288,8 +288,6 @@ def test_an_operand_contiguous_along_another_dim_is_staged_and_explain_says_so(t
     short = geometry.STAGE_MIN_ROWS - 1
     jfn, _ = check_vs_eager(lambda x, y: x + y.t(), _r(short, 96), _r(96, short))
     assert stages(jfn) == [()] and "shared-memory" not in explain(jfn)
-    jfn, _ = check_vs_eager(lambda x, y: (x + y.t()).sum(-1), _r(64, 96), _r(96, 64))
-    assert stages(jfn) == [()]
 
 
 def test_a_softmax_over_columns_runs_its_max_then_its_sum_then_the_division(torch_kernels):
@@ -331,10 +329,23 @@ def test_an_in_place_write_into_a_value_the_segment_computes_runs_on_the_referen
 
 def test_a_row_reduction_gathers_an_operand_strided_along_the_row(torch_kernels):
     """x is row-major and y.t() column-major, so the reduced dim is innermost for one and
-    outermost for the other: one row kernel reads y.t() element by element (4.3x faster
-    than the reference backend for a bf16 softmax on the H100, scripts/gather_rows_probe.py)."""
+    outermost for the other. Over 64 rows y.t() is copied into the rows' order first,
+    through shared-memory tiles (``expr.transpose_first``); over fewer rows than a tile
+    fills, one row kernel reads y.t() element by element (4.3x faster than the reference
+    backend for a bf16 softmax on the H100, scripts/gather_rows_probe.py)."""
+
+    def parts(jfn):
+        return [(part.prog.family, part.geo.stage) for kind, k in _kernels(jfn) if k for part in k.parts]
+
     jfn, _ = check_vs_eager(lambda x, y: torch.softmax(x + y.t(), -1), _r(64, 96), _r(96, 64))
-    assert [kind for kind, k in _kernels(jfn)] == ["normalization"] and all(k for _, k in _kernels(jfn))
+    assert parts(jfn) == [("pointwise", (0, (0,))), ("rows", ())]
+    assert ("segment 0 copies y through shared-memory tiles into the order of its reduction's rows (a tiled "
+            "transpose), then reduces reading the copy in vectors") in explain(jfn)
+    jfn, _ = check_vs_eager(lambda x, y: (x * y.t()).sum(-1), _r(2, 64, 96), _r(96, 64))  # broadcast: not copied
+    assert parts(jfn) == [("rows", ())]
+    short = geometry.STAGE_MIN_ROWS - 1
+    jfn, _ = check_vs_eager(lambda x, y: torch.softmax(x + y.t(), -1), _r(short, 96), _r(96, short))
+    assert parts(jfn) == [("rows", ())] and "shared-memory" not in explain(jfn)
 
 
 # ---- PTX on the CPU machine ----------------------------------------------------------------
@@ -395,8 +406,11 @@ FAMILIES = {
     ),
     "normalization, row too long for registers (softmax, looped passes)": (softmax, lambda: (_r(2, 70000),)),
     "row reductions (amin, var, prod)": (lambda x: (x.amin(-1), x.var(-1), x.prod(-1)), lambda: (_r(37, 1000),)),
-    "normalization gathering an operand strided along the row (layernorm of x * y.t())": (
-        lambda x, y: torch.nn.functional.layer_norm(x * y.t(), (96,)), lambda: (_r(64, 96), _r(96, 64)),
+    "normalization gathering an operand strided along the row (layernorm of x * y.t() over 8 rows)": (
+        lambda x, y: torch.nn.functional.layer_norm(x * y.t(), (96,)), lambda: (_r(8, 96), _r(96, 8)),
+    ),
+    "normalization reading an operand transposed first (softmax of x + y.t(): a staged copy, then rows; bf16)": (
+        lambda x, y: torch.softmax(x + y.t(), -1), lambda: (_r(64, 96, dtype=torch.bfloat16), _r(96, 64, dtype=torch.bfloat16)),
     ),
     "normalization over columns (channels-last batch norm: stats, then apply)": (
         lambda x, w, b: torch.nn.functional.batch_norm(x, None, None, w, b, training=True),

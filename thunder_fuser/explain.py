@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from thunder_fuser.kernels.expr import Load
 from thunder_fuser.printing import segment_lines
 
 
@@ -67,8 +68,12 @@ def _kernel_notes(kernel) -> list[str]:
         if part.geo.stage:
             slots = set(part.geo.stage[1])
             names = sorted({ld.source.name for ld in part.prog.loads if part.geo.load_slot[id(ld)] in slots})
-            notes.append(f"reads {', '.join(names)} through shared-memory tiles (a tiled transpose: "
-                         f"{'they are' if len(names) > 1 else 'it is'} contiguous along another dim than the output)")
+            if all(isinstance(st.expr, Load) for st in part.prog.stores):  # expr.transpose_first
+                notes.append(f"copies {', '.join(names)} through shared-memory tiles into the order of its reduction's "
+                             f"rows (a tiled transpose), then reduces reading the copy in vectors")
+            else:
+                notes.append(f"reads {', '.join(names)} through shared-memory tiles (a tiled transpose: "
+                             f"{'they are' if len(names) > 1 else 'it is'} contiguous along another dim than the output)")
         if part.workspace is None:
             continue
         splits, what = part.workspace[0], "column" if part.geo.columns else "row"

@@ -297,23 +297,52 @@ def _read_back(prog: Program, reductions: list):
         tmp = Value(f"_{e.op}{i}", keep, e.dtype)
         temps[id(e)] = Load(tmp, row=True)
         stored.append(Store(tmp, e, is_row=True))
+    return stored, _substitution(temps, "reductions are read back")
+
+
+def _substitution(table: dict, where: str):
+    """``swap(expr)``: the expression with each subexpression whose id is in ``table``
+    replaced by its entry (shared subexpressions stay shared)."""
     memo: dict[int, object] = {}
 
     def swap(e):
-        if _is_number(e) or isinstance(e, Load):
+        if _is_number(e):
             return e
         if id(e) not in memo:
-            if id(e) in temps:
-                memo[id(e)] = temps[id(e)]
+            if id(e) in table:
+                memo[id(e)] = table[id(e)]
+            elif isinstance(e, Load):
+                memo[id(e)] = e
             elif isinstance(e, Reduce):
                 memo[id(e)] = replace(e, arg=swap(e.arg))
             elif isinstance(e, Op):
                 memo[id(e)] = Op(e.op, tuple(swap(a) for a in e.args), e.dtype)
             else:
-                raise Unsupported(f"a {type(e).__name__.lower()} where reductions are read back")
+                raise Unsupported(f"a {type(e).__name__.lower()} where {where}")
         return memo[id(e)]
 
-    return stored, swap
+    return swap
+
+
+def transpose_first(prog: Program, loads: list) -> tuple[list[Program], list[Value]]:
+    """A row reduction whose ``loads`` are contiguous across its rows (x + y.t() reduced
+    along x's rows) as two programs: a pointwise copy of each such load into a temporary
+    over the domain (``geometry.NeedsTranspose`` says in which dim order: the rows'), which
+    a kernel stages through shared memory, then the reduction reading the temporaries in
+    vectors. It costs a write and a read of each; a row kernel reading such an operand
+    element by element ran at a third of that speed. Also returns the temporaries."""
+    temps: dict[int, Load] = {}
+    stores = []
+    for i, ld in enumerate(loads):
+        tmp = Value(f"_t{i}", tuple(prog.domain), ld.source.dtype)
+        temps[id(ld)] = Load(tmp)
+        stores.append(Store(tmp, ld))
+    swap = _substitution(temps, "operands are transposed first")
+    programs = [Program("pointwise", prog.domain, (), stores),
+                Program(prog.family, prog.domain, prog.reduced, [replace(st, expr=swap(st.expr)) for st in prog.stores])]
+    for p in programs:
+        _collect_loads(p)
+    return programs, [t.source for t in temps.values()]
 
 
 def has_reduce(e) -> bool:

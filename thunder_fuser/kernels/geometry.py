@@ -342,6 +342,8 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
         outer_select_dim=outer_sel,
     )
     _call_recipe(geo)
+    if prog.family == "rows" and not columns:
+        _check_rows_read_in_vectors(prog, geo, order)
     if columns:
         geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
     elif prog.family == "rows" and _splits_rows(prog, _numel(outer), n, vector, sm_count):
@@ -537,6 +539,29 @@ def _row_tiling(geo: Geometry) -> None:
             geo.row_threads, geo.row_vectors = threads, k
             return
     geo.row_threads, geo.row_vectors = ROW_THREADS[-1], 0
+
+
+class NeedsTranspose(Unsupported):
+    """A row reduction reads operands (``loads``) contiguous across its rows: it runs as a
+    pointwise program that copies them, staged through shared memory, into temporaries in
+    dim order ``order`` (its rows'), then the reduction reading those
+    (``expr.transpose_first``)."""
+
+    def __init__(self, message: str, loads: list, order: tuple):
+        super().__init__(message)
+        self.loads, self.order = loads, order
+
+
+def _check_rows_read_in_vectors(prog: Program, geo: Geometry, order) -> None:
+    """NeedsTranspose where a row reduction would read an operand element by element
+    along its rows that a pointwise kernel could stage (``_transpose_stage``) and that spans
+    the whole domain (a broadcast one's copy would be larger than itself)."""
+    stage = _transpose_stage(prog, geo)
+    slots = {i for i in stage[1] if 0 not in geo.operands[i].stride} if stage else set()
+    loads = [ld for ld in prog.loads if geo.load_slot[id(ld)] in slots and not ld.row]
+    if loads:
+        names = ", ".join(ld.source.name for ld in loads)
+        raise NeedsTranspose(f"{names} contiguous across the rows of a reduction", loads, tuple(order))
 
 
 class NeedsSplit(Unsupported):

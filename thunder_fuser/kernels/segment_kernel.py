@@ -17,10 +17,10 @@ from thunder_fuser.backends import reference
 from thunder_fuser.kernels import cache
 from thunder_fuser.kernels.constants import find_iotas
 from thunder_fuser.kernels.expr import (
-    Program, Unsupported, alias_views, lower_segment, reductions_in_order, render, split_at_reductions,
+    Program, Unsupported, alias_views, lower_segment, reductions_in_order, render, split_at_reductions, transpose_first,
 )
 from thunder_fuser.kernels.geometry import (
-    Geometry, NeedsSplit, aligned, build_geometry, column_splits, column_state_offsets, row_splits, views_for_call,
+    Geometry, NeedsSplit, NeedsTranspose, aligned, build_geometry, column_splits, column_state_offsets, row_splits, views_for_call,
 )
 from thunder_fuser.layout import strides_for_order
 
@@ -73,6 +73,11 @@ class SegmentKernel:
                 self._prepare_part(part, env, written, device)
             except NeedsSplit:
                 pending[:0] = [_Part(p) for p in split_at_reductions(part.prog)]
+                continue
+            except NeedsTranspose as e:
+                progs, temps = transpose_first(part.prog, e.loads)
+                self.orders = {**self.orders, **{id(t): e.order for t in temps}}
+                pending[:0] = [_Part(p) for p in progs]
                 continue
             self.parts.append(part)
         if compile_now:
