@@ -752,12 +752,13 @@ def build_pointwise_group(progs: list, geos: list):
 def build_pointwise_staged(prog: Program, geo: Geometry):
     """A pointwise program whose operands in ``geo.stage`` are contiguous along outer mode
     ``r`` and strided along N (x + y.t()): each block takes a tile of rows along ``r`` by
-    vectors along N (``geometry.stage_tile``: a 128-byte line of each row). First the block copies the staged operands'
-    tiles into shared memory, consecutive threads reading consecutive rows (each warp a
-    contiguous run of that operand); then each thread computes its vectors as the plain
-    template does, reading the staged operands from the tiles along N. A tile row is padded
-    to an odd number of 32-bit words, so both walks are free of bank conflicts (4-byte
-    elements, and 2-byte ones with 8-element vectors)."""
+    vectors along N (``geometry.stage_tile``: a 128-byte line of each row). First the block
+    copies the staged operands' tiles into shared memory, consecutive threads reading
+    consecutive rows (each warp a contiguous run of that operand); then each thread
+    computes its vectors as the plain template does, reading the staged operands from the
+    tiles along N. A tile row is padded to an odd number of 32-bit words, so both walks are
+    free of bank conflicts where the staged operand is as wide as the narrowest vector
+    operand (fp32 tiles beside bf16 vectors read with two-way conflicts)."""
     V, T = geo.vector, POINTWISE_THREADS
     TR, TJ = stage_tile(geo)
     TN = TJ * V

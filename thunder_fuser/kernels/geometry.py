@@ -409,7 +409,7 @@ def _transpose_stage(prog: Program, geo: Geometry) -> tuple:
     for i, o in enumerate(geo.operands):
         if o.is_store or o.inner_mode != "gather" or o.iota is not None or i in shifted:
             continue
-        if o.dtype.itemsize not in STAGE_ITEMSIZES or o.dtype == torch.bool:
+        if o.dtype.itemsize not in STAGE_ITEMSIZES:
             continue
         r = next((r for r, s in enumerate(o.stride[:-1]) if s == 1 and o.shape[r] >= STAGE_MIN_ROWS), None)
         if r is not None:

@@ -67,6 +67,7 @@ class SegmentKernel:
         env = dict(env)  # later parts read what earlier ones store (a split's temporaries)
         env.update(self.constants)
         pending, self.parts = list(self.parts), []
+        copies: set[int] = set()  # the temporaries of transpose_first
         while pending:
             part = pending.pop(0)
             try:
@@ -75,7 +76,10 @@ class SegmentKernel:
                 pending[:0] = [_Part(p) for p in split_at_reductions(part.prog)]
                 continue
             except NeedsTranspose as e:
+                if any(id(ld.source) in copies for ld in e.loads):  # a copy that came out strided too
+                    raise Unsupported(f"{e}, after a copy into the rows' order") from e
                 progs, temps = transpose_first(part.prog, e.loads)
+                copies.update(id(t) for t in temps)
                 self.orders = {**self.orders, **{id(t): e.order for t in temps}}
                 pending[:0] = [_Part(p) for p in progs]
                 continue
