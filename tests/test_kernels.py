@@ -285,6 +285,14 @@ def test_an_operand_contiguous_along_another_dim_is_staged_and_explain_says_so(t
                             _r(2, 96, 64))
     assert stages(jfn) == [(0, (1, 2))]
     assert "reads y, z through shared-memory tiles (a tiled transpose: they are" in explain(jfn)
+
+
+    def copy_into(x, y):
+        x.copy_(y.t())
+        return x
+
+    jfn, _ = check_vs_eager(copy_into, _r(64, 96), _r(96, 64))  # a pointwise copy, not a reduction's
+    assert stages(jfn) == [(0, (0,))] and "reads y through shared-memory tiles" in explain(jfn)
     short = geometry.STAGE_MIN_ROWS - 1
     jfn, _ = check_vs_eager(lambda x, y: x + y.t(), _r(short, 96), _r(96, short))
     assert stages(jfn) == [()] and "shared-memory" not in explain(jfn)

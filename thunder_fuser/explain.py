@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from thunder_fuser.kernels.expr import Load
 from thunder_fuser.printing import segment_lines
 
 
@@ -68,7 +67,7 @@ def _kernel_notes(kernel) -> list[str]:
         if part.geo.stage:
             slots = set(part.geo.stage[1])
             names = sorted({ld.source.name for ld in part.prog.loads if part.geo.load_slot[id(ld)] in slots})
-            if all(isinstance(st.expr, Load) for st in part.prog.stores):  # expr.transpose_first
+            if part.transposed_copy:
                 notes.append(f"copies {', '.join(names)} through shared-memory tiles into the order of its reduction's "
                              f"rows (a tiled transpose), then reduces reading the copy in vectors")
             else:

@@ -28,8 +28,9 @@ from thunder_fuser.layout import strides_for_order
 class _Part:
     """One program of the segment: one launch."""
 
-    def __init__(self, prog: Program):
+    def __init__(self, prog: Program, transposed_copy: bool = False):
         self.prog = prog
+        self.transposed_copy = transposed_copy  # copies operands into a reduction's row order (transpose_first)
         self.geo: Geometry | None = None
         self.fn = None
         self.allocs: list = []  # per store: (shape, strides, dtype) to allocate, or None (a write)
@@ -81,7 +82,8 @@ class SegmentKernel:
                 progs, temps = transpose_first(part.prog, e.loads)
                 copies.update(id(t) for t in temps)
                 self.orders = {**self.orders, **{id(t): e.order for t in temps}}
-                pending[:0] = [_Part(p) for p in progs]
+                copy, rest = progs
+                pending[:0] = [_Part(copy, transposed_copy=True), _Part(rest)]
                 continue
             self.parts.append(part)
         if compile_now:
