@@ -94,6 +94,8 @@ class Geometry:
     row_vectors: int = 0  # 0 with row_threads set: the row is too long for registers (looped passes)
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
     split_rows: bool = False  # a row reduction whose rows are split across blocks (``row_splits``)
+    splits: tuple = ()  # columns and split rows: (splits, rows or vectors per split), for the launches'
+    #                     workspace of partials (``column_splits``, ``row_splits``); not compiled in
     col_vectors: int = 0  # column vectors per block (columns only)
     outer_select_dim: int | None = None  # the domain dim of a cat/pad along the outermost outer
     #                                      mode (pieces picked per row); a select along any other
@@ -346,7 +348,8 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
         _check_rows_read_in_vectors(prog, geo, order)
     if columns:
         geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
-    elif prog.family == "rows" and _splits_rows(prog, _numel(outer), n, vector, sm_count):
+        geo.splits = column_splits(geo, sm_count)
+    elif prog.family == "rows" and _splits_rows(prog, geo, sm_count):
         geo.split_rows, geo.row_threads = True, SPLIT_THREADS
     elif prog.family == "rows":
         _row_tiling(geo)
@@ -520,12 +523,16 @@ def row_splits(rows: int, n: int, vector: int, sm_count: int) -> tuple[int, int]
     return -(-nvec // per), per
 
 
-def _splits_rows(prog: Program, rows: int, n: int, vector: int, sm_count: int) -> bool:
-    """Does this row reduction split its rows across blocks (see SPLIT_MIN)? NeedsSplit
-    where it would, but its full-domain stores use its reductions."""
-    if row_splits(rows, n, vector, sm_count)[0] < SPLIT_MIN:
+def _splits_rows(prog: Program, geo: Geometry, sm_count: int) -> bool:
+    """Does this row reduction split its rows across blocks (see SPLIT_MIN)? Sets
+    ``geo.splits`` where it does; NeedsSplit where it would, but its full-domain stores use
+    its reductions."""
+    rows = _numel(geo.outer)
+    splits = row_splits(rows, geo.n, geo.vector, sm_count)
+    if splits[0] < SPLIT_MIN:
         return False
     _check_two_launch_program(prog, f"{rows} long row(s) split across blocks")
+    geo.splits = splits
     return True
 
 

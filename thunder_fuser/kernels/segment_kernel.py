@@ -20,7 +20,7 @@ from thunder_fuser.kernels.expr import (
     Program, Unsupported, alias_views, lower_segment, reductions_in_order, render, split_at_reductions, transpose_first,
 )
 from thunder_fuser.kernels.geometry import (
-    Geometry, NeedsSplit, NeedsTranspose, aligned, build_geometry, column_splits, column_state_offsets, row_splits, views_for_call,
+    Geometry, NeedsSplit, NeedsTranspose, aligned, build_geometry, column_state_offsets, views_for_call,
 )
 from thunder_fuser.layout import strides_for_order
 
@@ -121,15 +121,10 @@ class SegmentKernel:
         fresh = {j for j, (from_store, i) in enumerate(refs) if from_store and part.allocs[i] is not None}
         # a fresh allocation is 256-byte aligned, so only its static offset could misalign it
         part.checks = tuple(c for c in geo.align_checks if c[0] not in fresh or c[1] % c[2])
-        if geo.columns or geo.split_rows:
+        if geo.splits:  # a workspace of partials per split: per reduction state, a column or a row each
             states = max(1, column_state_offsets(reductions_in_order(part.prog))[-1])
-            if geo.columns:
-                splits, part.per_split = column_splits(geo, _sm_count(device))
-                part.workspace = (splits, states * geo.n)
-            else:
-                rows = math.prod(geo.outer)
-                splits, part.per_split = row_splits(rows, geo.n, geo.vector, _sm_count(device))
-                part.workspace = (splits, states * rows)
+            splits, part.per_split = geo.splits
+            part.workspace = (splits, states * (geo.n if geo.columns else math.prod(geo.outer)))
         for st, t in zip(part.prog.stores, stores):
             env[id(st.target)] = t
 
@@ -294,7 +289,7 @@ def _compile(members: list, device):
             prog, geo = members[0]
             launch = cute_emit.build_launch(prog, geo)
             args = [cute_emit.fake_operands(geo)]
-            if geo.columns or geo.split_rows:
+            if geo.splits:
                 args += [cute_emit.fake_workspace(), 1]
         else:
             launch = cute_emit.build_pointwise_group([p for p, _ in members], [g for _, g in members])
