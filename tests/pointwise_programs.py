@@ -23,9 +23,11 @@ LAYOUTS = ("contiguous", "transposed", "strided")
 UNARY = (
     "torch.tanh({a})", "torch.sigmoid({a})", "-{a}", "{a}.abs()", "torch.exp(-{a}.abs())", "{a}.float()",
     "{a}.to(torch.bfloat16)", "{a} * 0.5 + 1", "torch.where({a} > 0, {a}, 0.1 * {a})", "torch.sqrt({a}.abs() + 1)",
+    "torch.where({a} > 1, 1.0, {a})",
 )
 BINARY = ("{a} + {b}", "{a} - {b}", "{a} * {b}", "torch.maximum({a}, {b})", "{a} / ({b}.abs() + 1)")
-REDUCTIONS = ("{a}.sum({d})", "{a}.amax({d})", "{a}.mean({d})", "{a}.sum({d}, keepdim=True)", "{a}.var({d})", "{a}.sum()")
+REDUCTIONS = ("{a}.sum({d})", "{a}.amax({d})", "{a}.mean({d})", "{a}.sum({d}, keepdim=True)", "{a}.var({d})", "{a}.sum()",
+              "torch.logsumexp({a}, {d})", "torch.log_softmax({a}, {d})")
 
 
 @dataclass(frozen=True)

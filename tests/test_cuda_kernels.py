@@ -65,6 +65,29 @@ def test_a_ragged_bool_mask(n):
     run_without_fallback(lambda m, x: torch.where(m, 2.0, x) + 1, _randn(n) > 0, _randn(n))
 
 
+WHERE_MIXES = {  # condition, then branches: a vector, a row's value or a constant
+    "vector; constant, constant": lambda x: torch.where(x > 0, 1.0, -0.5),
+    "vector; vector, constant": lambda x: torch.where(x > 0, x, 0.0),
+    "vector; constant, row": lambda x: torch.where(x > 0, 0.0, x.amax(-1, keepdim=True)),
+    "row; vector, constant": lambda x: torch.where(x.amax(-1, keepdim=True) > 0, x, 0.0),
+    "row; constant, constant": lambda x: torch.where(x.sum(-1, keepdim=True) > 0, 1.0, 2.0) * x,
+    "row; constant, row (log_softmax)": lambda x: torch.log_softmax(x.float(), -1),
+    "row; constant, row (logsumexp)": lambda x: torch.logsumexp(x.float(), -1),
+    "row; row, row": lambda x: torch.where(x.sum(-1, keepdim=True) > 0, x.amax(-1, keepdim=True), x.amin(-1, keepdim=True)) + x,
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1000, 4097, 40000])
+@pytest.mark.parametrize("mix", WHERE_MIXES)
+def test_where_over_vectors_row_values_and_constants(mix, n, dtype):
+    """torch.where of any mix: log_softmax and logsumexp (whose where(|max| == inf, 0.0,
+    max) is a row's condition, a constant and a row's value) fell back before session 15
+    (cute.where takes a vector condition and at least one vector branch); rows in
+    registers, ragged, and too long for registers."""
+    run_without_fallback(WHERE_MIXES[mix], _randn(7, n, dtype=dtype))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pointwise_input_whose_fastest_dim_differs_and_casts(dtype):
     def f(a, b, c):

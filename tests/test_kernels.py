@@ -452,6 +452,11 @@ FAMILIES = {
     "pointwise ragged 1-D bool mask (its tail read element by element)": (
         lambda m, x: torch.where(m, 2.0, x), lambda: (_r(4097) > 0, _r(4097))
     ),
+    "where over every mix of vectors, row values and constants (log_softmax, logsumexp; bf16)": (
+        lambda x: (torch.log_softmax(x.float(), -1), torch.logsumexp(x.float(), -1), torch.where(x > 0, 1.0, -0.5),
+                   torch.where(x.amax(-1, keepdim=True) > 0, x, 0.0), torch.where(x.sum(-1, keepdim=True) > 0, 1.0, 2.0) * x),
+        lambda: (_r(37, 1000, dtype=torch.bfloat16),)
+    ),
     "resize along an outer dim (cat, bf16)": (
         lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))
     ),

@@ -80,14 +80,25 @@ def _cast(x, dt):
     return x.to(cute_dtype(dt))
 
 
-def _where(c, a, b):
-    """``cute.where`` for vectors, ``select_`` for run-time scalars."""
+def _where(c, a, b, dt=None):
+    """``torch.where`` over any mix of vectors (``TensorSSA``), run-time scalars (a row's
+    reduced values) and Python constants: ``cute.where`` where any is a vector, the others
+    broadcast to it (it takes a scalar branch beside a vector one, but neither a scalar
+    condition nor two scalar branches), else ``select_``. ``dt``: the torch dtype of the
+    result, for when both branches are constants (log_softmax's where(|max| == inf, 0.0, max))."""
     if isinstance(c, bool):
         return a if c else b
-    if any(isinstance(x, cute.TensorSSA) for x in (c, a, b)):
+    typed = next((type(x) for x in (a, b) if isinstance(x, cutlass.Numeric)), None)
+    typ = typed or next((x.dtype for x in (a, b) if isinstance(x, cute.TensorSSA)), None) or cute_dtype(dt)
+    vec = next((x for x in (c, a, b) if isinstance(x, cute.TensorSSA)), None)
+    if vec is not None:
+        if not isinstance(c, cute.TensorSSA):
+            c = cute.full(vec.shape, c, cutlass.Boolean)
+        if not isinstance(a, cute.TensorSSA) and not isinstance(b, cute.TensorSSA):
+            a = cute.full(vec.shape, a, typ)
         return cute.where(c, a, b)
-    r = cutlass.select_(c, a, b)  # a bare MLIR value: give it back its numeric type
-    return type(a)(r) if isinstance(a, cutlass.Numeric) else r
+    a, b = (typ(x) if isinstance(x, (bool, int, float)) else x for x in (a, b))
+    return typ(cutlass.select_(c, a, b))  # a bare MLIR value: give it back its numeric type
 
 
 def _maximum(a, b):  # NaN-propagating, like torch
@@ -214,7 +225,7 @@ def apply_op(e: Op, args, arg_dtypes):
         return BITWISE[op](_cast(args[0], out), _cast(args[1], out))
     if op == "where":
         cd = _compute_dtype(out)
-        return _cast(cute.where(args[0], _cast(args[1], cd), _cast(args[2], cd)), out)
+        return _cast(_where(args[0], _cast(args[1], cd), _cast(args[2], cd), cd), out)
     if op == "lerp":
         cd = _compute_dtype(out)
         a, b, w = (_cast(x, cd) for x in args)
