@@ -154,9 +154,11 @@ def main():
         copy = copy_bandwidth()
         print(f"device-to-device copy {copy:.2f} TB/s")
     rows = []
-    for name, (fn, make) in cases(dev, cpu).items():
-        torch.manual_seed(0)
-        args = make()
+    torch.manual_seed(0)
+    # every input made before any timing: a graph capture that fails (a backward's, for
+    # one) leaves the CUDA generator unusable for torch.randn outside a capture
+    made = {name: (fn, make()) for name, (fn, make) in cases(dev, cpu).items()}
+    for name, (fn, args) in made.items():
         want = fn(*args)
         jfn = _compiled(fn, lambda f: thunder.jit(f, executors=[fuser_ex]))
         with warnings.catch_warnings(record=True) as caught:

@@ -42,7 +42,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_tensor
 
 from thunder_fuser.kernels.expr import (
-    Load, Op, Program, Reduce, Select, Unsupported, dtype_of, reductions_in_order, subexpressions,
+    Load, Op, Program, Reduce, Select, Unsupported, children, dtype_of, reductions_in_order, subexpressions,
 )
 from thunder_fuser.kernels import packed_narrowing
 from thunder_fuser.kernels.geometry import (
@@ -56,7 +56,8 @@ DTYPES = {
     torch.int64: cutlass.Int64,
 }
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-SPLIT_UNROLL = 4  # vectors a thread of a split row loads per step, before it uses any
+STREAM_UNROLL = 4  # vectors a thread loads per step of a loop along a row (a split row, a row too long
+#                   for registers), all before it uses any: a step per vector kept one load in flight
 POINTWISE_THREADS = 128  # 128-1024 measured within noise of each other (H100, scripts/pointwise_probe.py)
 
 
@@ -954,23 +955,27 @@ def build_rows(prog: Program, geo: Geometry):
 
     def body_looped(t2s, tvs, m, rt, tidx, N, row_ok, accs):
         """One row per block of ``Tr`` threads; thread ``rt`` visits vectors rt, rt+Tr, ...
-        in every pass. Reductions run in dependency order (softmax: max, then the sum of
-        exp(x - max)); a later pass reads the earlier results as row scalars."""
+        in every pass, STREAM_UNROLL of them per loop step (``_loaded_batch``). Reductions
+        run in dependency order (softmax: max, then the sum of exp(x - max)); a later pass
+        reads the earlier results as row scalars."""
         nvec = N // V
         acc_iter = iter(accs)
         values: dict = {}
 
-        def chunk(j):
-            return _vector_evaluator(geo, t2s, tvs, m, j, N, row_ok, lambda e: values[id(e)])
+        def batch(j, roots):
+            return _loaded_batch(geo, t2s, tvs, m, j, Tr, row_ok, nvec, N, _loads_outside_reductions(roots),
+                                 lambda e: values[id(e)])
 
         def reduce_pass(op, arg, center):
             acc = _frag((1, V), torch.float32)
             acc.fill(_IDENTITY[op])
 
             def step(j):
-                acc.store(_COMBINE[op](acc.load(), _centered(_vector(chunk(j).ev(arg), V, torch.float32), center)))
+                for ev, _, pred in batch(j, [arg]):
+                    x = _centered(_vector(ev.ev(arg), V, torch.float32), center)
+                    acc.store(_COMBINE[op](acc.load(), _where(pred, x, _IDENTITY[op])))
 
-            _for_range(rt, nvec, Tr, step)
+            _for_range(rt, nvec, Tr * STREAM_UNROLL, step)
             return finish(acc.load().reduce(_VECTOR_OP[op], _IDENTITY[op], 0), op, tidx, acc_iter)
 
         means: dict = {}
@@ -980,12 +985,12 @@ def build_rows(prog: Program, geo: Geometry):
         full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
 
         def store_step(j):
-            ev = chunk(j)
-            for st, slot in full:
-                _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, V, N, row_ok)
+            for ev, jj, pred in batch(j, [st.expr for st, _ in full]):
+                for st, slot in full:
+                    _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N, pred)
 
         if full:
-            _for_range(rt, nvec, Tr, store_step)
+            _for_range(rt, nvec, Tr * STREAM_UNROLL, store_step)
 
     row_body = body if K else body_looped
 
@@ -1005,6 +1010,36 @@ def build_rows(prog: Program, geo: Geometry):
         kernel(t2s, tvs, M, N).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)
 
     return launch
+
+
+def _loaded_batch(geo: Geometry, t2s, tvs, m, j, stride: int, ok, end, N, loads, row_value) -> list:
+    """One step of a thread's loop along row ``m``: (evaluator, vector index, predicate) of
+    vectors j, j + stride, ... (STREAM_UNROLL of them; one at or past ``end`` loads nothing),
+    with ``loads`` issued for all before any math uses one."""
+    batch = []
+    for u in range(STREAM_UNROLL):
+        jj = j + u * stride
+        pred = ok & (jj < end)
+        ev = _vector_evaluator(geo, t2s, tvs, m, jj, N, pred, row_value)
+        for ld in loads:
+            ev.ev(ld)
+        batch.append((ev, jj, pred))
+    return batch
+
+
+def _loads_outside_reductions(roots) -> list:
+    """The loads ``roots`` read for their own elements (a reduction's operand loads are
+    its pass's, not these expressions')."""
+    seen, found, stack = set(), [], list(roots)
+    while stack:
+        e = stack.pop()
+        if isinstance(e, (bool, int, float)) or id(e) in seen or isinstance(e, Reduce):
+            continue
+        seen.add(id(e))
+        if isinstance(e, Load):
+            found.append(e)
+        stack.extend(children(e))
+    return found
 
 
 def _across_threads(part, op: str, tidx, Tr: int, warps: int, acc_iter):
@@ -1316,23 +1351,14 @@ def build_split_rows(prog: Program, geo: Geometry):
             accs.append(a)
 
         def step(j):
-            """SPLIT_UNROLL vectors per thread, all their loads issued before any math (a
-            step per vector kept one load in flight)."""
-            evs = []
-            for u in range(SPLIT_UNROLL):
-                pred = ok & (j + u * T < j1)
-                ev = _vector_evaluator(geo, t2s, tvs, m, j + u * T, N, pred, no_row_value)
-                for ld in streamed:
-                    ev.ev(ld)
-                evs.append((ev, j + u * T, pred))
-            for ev, jj, pred in evs:
+            for ev, jj, pred in _loaded_batch(geo, t2s, tvs, m, j, T, ok, j1, N, streamed, no_row_value):
                 for st, slot in full:
                     _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N, pred)
                 for (i, op, f), a in zip(terms, accs):
                     v = f(_vector(ev.ev(reduces[i].arg), V, torch.float32)).reduce(_VECTOR_OP[op], _IDENTITY[op], 0)
                     a[0] = _COMBINE[op](a[0], cutlass.select_(pred, v, cutlass.Float32(_IDENTITY[op])))
 
-        _for_range(j0 + tidx, j1, T * SPLIT_UNROLL, step)
+        _for_range(j0 + tidx, j1, T * STREAM_UNROLL, step)
         smem = iter(_shared_accumulators(T, warps, len(terms) + 1))
         sums = [_across_threads(a[0], op, tidx, T, warps, smem) for (_, op, _), a in zip(terms, accs)]
         it = iter(sums)

@@ -1,0 +1,86 @@
+"""Rows longer than registers hold (dev aid; GPU machine): log-softmax and logsumexp over LM
+vocabularies (bf16 logits upcast to fp32, as a cross-entropy loss reads them), a softmax and
+a layer norm of long rows. Prints ms for eager, torch.compile and thunder+fuser with each
+``cute_emit.STREAM_UNROLL`` (vectors a thread loads per step of its loop along the row; 1
+is the loop before session 15), and the fuser's TB/s (bytes read plus written once) as a
+fraction of a device-to-device copy measured in the same call. Each result is checked
+against eager; the row tiling of each program is printed too."""
+import os
+import warnings
+
+import thunder_fuser  # noqa: F401
+import thunder
+import torch
+import torch.nn.functional as F
+
+from benchmarks.run import copy_bandwidth
+from benchmarks.timing import device_ms
+from thunder_fuser import fuser_ex
+from thunder_fuser.kernels import cache, cute_emit
+from thunder_fuser.kernels.backend import KernelFallbackWarning
+
+UNROLLS = (1, 4)
+
+
+def _bf(*shape):
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+CASES = {
+    "log_softmax fp32 of bf16 [4096, 32000]": (lambda x: torch.log_softmax(x.float(), -1), lambda: (_bf(4096, 32000),)),
+    "log_softmax fp32 of bf16 [2048, 50257]": (lambda x: torch.log_softmax(x.float(), -1), lambda: (_bf(2048, 50257),)),
+    "log_softmax fp32 of bf16 [1024, 128256]": (lambda x: torch.log_softmax(x.float(), -1), lambda: (_bf(1024, 128256),)),
+    "logsumexp fp32 of bf16 [2048, 128256]": (lambda x: torch.logsumexp(x.float(), -1), lambda: (_bf(2048, 128256),)),
+    "logsumexp fp32 of bf16 [2048, 50257]": (lambda x: torch.logsumexp(x.float(), -1), lambda: (_bf(2048, 50257),)),
+    "softmax bf16 [2048, 128256]": (lambda x: torch.softmax(x, -1), lambda: (_bf(2048, 128256),)),
+    "layer_norm bf16 [2048, 65536]": (lambda x: F.layer_norm(x, (65536,)), lambda: (_bf(2048, 65536),)),
+}
+
+
+def _tiling(jfn) -> str:
+    from thunder_fuser.explain import _fusions
+
+    out = []
+    for runner in _fusions(thunder.last_traces(jfn)[-1]):
+        for plan in runner.plans.values():
+            for k in plan.kernels.values():
+                for p in (k.parts if k else ()):
+                    g = p.geo
+                    out.append(f"V={g.vector} threads={g.row_threads} vectors={g.row_vectors or 'looped'}"
+                               + (f" splits={g.splits}" if g.split_rows else ""))
+    return "; ".join(out)
+
+
+def main():
+    copy = copy_bandwidth()
+    print(f"device-to-device copy {copy:.2f} TB/s")
+    rows = []
+    for name, (fn, make) in CASES.items():
+        args = make()
+        want = fn(*args)
+        ms = [device_ms(fn, [args])[0], device_ms(torch.compile(fn), [args])[0]]
+        tiling = ""
+        for u in UNROLLS:
+            cute_emit.STREAM_UNROLL = u  # not in the compile key: compiled afresh, never from a cache
+            cache.clear_memory()
+            os.environ["THUNDER_FUSER_DISK_CACHE"] = "0"
+            jfn = thunder.jit(fn, executors=[fuser_ex])
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", KernelFallbackWarning)
+                got = jfn(*args)
+            fb = [str(w.message)[:200] for w in caught if issubclass(w.category, KernelFallbackWarning)]
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+            ms.append(device_ms(jfn, [args])[0])
+            tiling = _tiling(jfn) + (f" FALLBACK {fb}" if fb else "")
+        moved = sum(a.numel() * a.element_size() for a in args) + want.numel() * want.element_size()
+        rows.append((name, ms, moved / (ms[-1] * 1e-3) / 1e12 / copy, tiling))
+        print(name, ms, tiling, flush=True)
+    print(f"\n{'case':42s} {'eager':>7s} {'compile':>7s}" + "".join(f" {'unroll ' + str(u):>9s}" for u in UNROLLS)
+          + f" {'x comp':>6s} {'of copy':>7s}  tiling")
+    for name, ms, frac, tiling in rows:
+        print(f"{name:42s} {ms[0]:7.4f} {ms[1]:7.4f}" + "".join(f" {t:9.4f}" for t in ms[2:])
+              + f" {ms[1] / ms[-1]:6.2f} {frac:7.0%}  {tiling}")
+
+
+if __name__ == "__main__":
+    main()
