@@ -109,6 +109,10 @@ def cases(dev: str, small: bool):
         "var_mean over (0, 2, 3) bf16 [64, 256, 56, 56]": (channel_stats, lambda: (_bf(s(64, 4), s(256, 8), s(56, 7), s(56, 7), dev=dev),)),
         "var_mean over (0, 2, 3) channels-last bf16": (channel_stats, lambda: (
             _bf(s(64, 4), s(256, 8), s(56, 7), s(56, 7), dev=dev).to(memory_format=torch.channels_last),)),
+        "batch_norm fwd+bwd NCHW bf16 [32, 128, 56, 56]": (backward_of(
+            lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True)), lambda: (
+            _bf(s(32, 4), s(128, 8), s(56, 7), s(56, 7), dev=dev, grad=True), _bf(s(128, 8), dev=dev, grad=True),
+            _bf(s(128, 8), dev=dev, grad=True), _bf(s(32, 4), s(128, 8), s(56, 7), s(56, 7), dev=dev))),
         "abs().amax() bf16 [8192, 8192]": (absmax, lambda: (_bf(s(8192, 64), s(8192, 64), dev=dev),)),
     }
 

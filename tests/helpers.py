@@ -229,13 +229,27 @@ def assert_every_segment_ran_a_kernel(jfn) -> None:
             assert all(k is not None for i, k in p.kernels.items() if p.kinds[i] != "view"), p.kinds
 
 
-def check_batch_norm_backward(device: str, shape, atol=1e-4):
-    """A channels-last training-mode ``F.batch_norm``: every segment must run a kernel."""
+STAGED_REDUCTIONS = {  # reduced dims that are runs apart in memory: (fn, input shape at CPU test size)
+    "var_mean over N, H and W of NCHW (batch-norm statistics)":
+        (lambda x: torch.var_mean(x, dim=(0, 2, 3)), (6, 8, 7, 9)),
+    "var with no correction, keepdim": (lambda x: torch.var(x, dim=(0, 2, 3), correction=0, keepdim=True), (6, 8, 7, 9)),
+    "sum, amax, amin and mean over dims 0 and 2": (
+        lambda x: (x.sum((0, 2)), x.amax((0, 2)), x.amin((0, 2)), x.mean((0, 2))), (5, 12, 33)),
+    "a row value computed from the statistics (rstd)": (
+        lambda x: torch.rsqrt(torch.var(x, dim=(0, 2, 3), keepdim=True) + 1e-5) * 2, (6, 8, 7, 9)),
+    "a full-domain store beside them": (lambda x: (x.sum((0, 2)), x * 2), (5, 12, 33)),
+    "a ragged inner run, two kept positions": (lambda x: torch.var_mean(x.float(), dim=(0, 2)), (3, 2, 4097)),
+}
+
+
+def check_batch_norm_backward(device: str, shape, atol=1e-4, memory_format=torch.channels_last):
+    """A training-mode ``F.batch_norm``, channels-last unless told: every segment must run a
+    kernel."""
 
     def bn(x, w, b):
         return torch.nn.functional.batch_norm(x, None, None, w, b, training=True)
 
-    x = torch.randn(*shape, device=device).to(memory_format=torch.channels_last)
+    x = torch.randn(*shape, device=device).to(memory_format=memory_format)
     check_gradients(bn, x, [torch.randn(shape[1], device=device) for _ in range(2)], atol, require_kernels=True)
 
 

@@ -17,7 +17,8 @@ from benchmarks.workloads import (
     GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
 from helpers import (
-    CREATION_CASES, causal_attention, causal_mask_scores, check_a_misaligned_call_runs_a_shared_launch_apart,
+    CREATION_CASES, STAGED_REDUCTIONS, causal_attention, causal_mask_scores,
+    check_a_misaligned_call_runs_a_shared_launch_apart,
     check_batch_norm_backward, check_gradients, check_layernorm_backward, check_vs_eager, check_vs_float64,
     integer_division, planned_parts, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
@@ -150,6 +151,25 @@ def test_channels_last_batch_norm_backward_splits_at_column_reductions(torch_ker
     """Forward and backward of a channels-last batch norm: column reductions whose results
     the whole domain uses run as two programs (statistics, then the elementwise pass)."""
     check_batch_norm_backward("cpu", (8, 16, 10, 10))
+
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", STAGED_REDUCTIONS)
+def test_reduced_dims_runs_apart_reduce_in_two_stages_and_explain_says_so(torch_kernels, name, dtype):
+    """A reduction over dims that are runs apart in memory (an NCHW batch norm's statistics
+    over N, H and W) ran on the reference backend; it now runs as two row kernels, over
+    the innermost run into fp32 partials, then over the rest."""
+    fn, shape = STAGED_REDUCTIONS[name]
+    jfn, _ = check_vs_float64(fn, _r(*shape, dtype=dtype))
+    assert "reduces over dims (2,) first" in explain(jfn) or "reduces over dims (2, 3) first" in explain(jfn), explain(jfn)
+    kinds = [k for plan in _plans(jfn) for k in plan.kinds.values()]
+    assert "reference" not in kinds, explain(jfn)
+
+
+def test_nchw_batch_norm_forward_and_backward_run_on_kernels(torch_kernels):
+    check_batch_norm_backward("cpu", (8, 16, 10, 10), memory_format=torch.contiguous_format)
 
 
 def test_a_failing_kernel_falls_back_with_one_warning(monkeypatch):
@@ -456,6 +476,9 @@ FAMILIES = {
         lambda x: (torch.log_softmax(x.float(), -1), torch.logsumexp(x.float(), -1), torch.where(x > 0, 1.0, -0.5),
                    torch.where(x.amax(-1, keepdim=True) > 0, x, 0.0), torch.where(x.sum(-1, keepdim=True) > 0, 1.0, 2.0) * x),
         lambda: (_r(37, 1000, dtype=torch.bfloat16),)
+    ),
+    "reduction in two stages (var_mean over N, H and W of NCHW: partials over H and W, then over N; bf16)": (
+        lambda x: torch.var_mean(x, dim=(0, 2, 3)), lambda: (_r(6, 8, 7, 9, dtype=torch.bfloat16),)
     ),
     "resize along an outer dim (cat, bf16)": (
         lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))

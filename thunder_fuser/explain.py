@@ -61,7 +61,7 @@ def explain(jfn) -> str:
 def _kernel_notes(kernel) -> list[str]:
     """How a segment's kernels depart from the plain templates: reductions split across
     blocks (two launches each: partials, then a combine), operands staged through shared
-    memory (a tiled transpose)."""
+    memory (a tiled transpose), reductions in two stages."""
     notes = []
     for part in getattr(kernel, "parts", ()):
         if part.geo.stage:
@@ -73,6 +73,10 @@ def _kernel_notes(kernel) -> list[str]:
             else:
                 notes.append(f"reads {', '.join(names)} through shared-memory tiles (a tiled transpose: "
                              f"{'they are' if len(names) > 1 else 'it is'} contiguous along another dim than the output)")
+        if part.first_stage:
+            inner, other = part.first_stage
+            notes.append(f"reduces over dims {inner} first, into partials, then over dims {other} reading those "
+                         f"(two row kernels: its reduced dims are runs apart in memory)")
         if part.workspace is None:
             continue
         splits, what = part.workspace[0], "column" if part.geo.columns else "row"

@@ -20,7 +20,10 @@ segment runs on the reference backend.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+
+import torch
 
 from thunder_fuser.ir.ops import METADATA, POINTWISE, REDUCTION
 from thunder_fuser.kernels.constants import Iotas, fill_number, find_iotas, number_op
@@ -126,6 +129,7 @@ def _is_number(a) -> bool:
     return isinstance(a, (bool, int, float))
 
 
+_F32 = torch.float32
 _SUPPORTED_POINTWISE = frozenset(POINTWISE) - {"full", "iota"}
 _SUPPORTED_REDUCTIONS = frozenset(("sum", "amax", "amin", "prod", "var", "var_mean"))
 
@@ -343,6 +347,46 @@ def transpose_first(prog: Program, loads: list) -> tuple[list[Program], list[Val
     for p in programs:
         _collect_loads(p)
     return programs, [t.source for t in temps.values()]
+
+
+def reduce_in_stages(prog: Program, inner: tuple) -> tuple[list[Program], list[Value]]:
+    """A row program whose reduced dims are runs apart in memory (``geometry.NeedsStages``;
+    none of its reductions inside another's argument, no full-domain store reading one)
+    as two row programs: the first reduces each reduction's argument over the ``inner``
+    dims into fp32 partials (its full-domain stores ride along), one per position of
+    the other dims; the second reduces the partials over the other reduced dims and
+    stores the program's row values from them. sum, prod, amax and amin reduce their
+    partials the same way; every partial covers as many elements, so a mean is the mean
+    of the partial means, and a variance, from each partial's mean m_i and variance v_i
+    (correction 0), is (mean(v_i) + var(m_i)) * count / (count - correction), Chan's
+    merge of equal parts. Also returns the partials' values."""
+    outer = tuple(d for d in prog.reduced if d not in inner)
+    keep = tuple(1 if d in inner else s for d, s in enumerate(prog.domain))
+    count = _numel(prog.domain[d] for d in prog.reduced)
+    partial_stores, combined, temps = [], {}, []
+
+    def partial(op: str, arg, correction: float = 0.0) -> Load:
+        tmp = Value(f"_p{len(temps)}", keep, _F32)
+        temps.append(tmp)
+        partial_stores.append(Store(tmp, Reduce(op, arg, _F32, correction), is_row=True))
+        return Load(tmp)
+
+    for e in reductions_in_order(prog):
+        if e.op == "var":
+            m, v = partial("mean", e.arg), partial("var", e.arg)
+            spread = Op("add", (Reduce("mean", v, _F32), Reduce("var", m, _F32)), _F32)
+            r = Op("mul", (spread, count / (count - e.correction) if count > e.correction else math.nan), _F32)
+        elif e.op in ("sum", "prod", "amax", "amin", "mean"):
+            r = Reduce(e.op, partial(e.op, e.arg), _F32)
+        else:
+            raise Unsupported(f"{e.op} in stages")
+        combined[id(e)] = r if e.dtype == _F32 else Op("convert_element_type", (r,), e.dtype)
+    swap = _substitution(combined, "reductions run in stages")
+    first = Program("rows", prog.domain, inner, [st for st in prog.stores if not st.is_row] + partial_stores)
+    second = Program("rows", keep, outer, [replace(st, expr=swap(st.expr)) for st in prog.stores if st.is_row])
+    for p in (first, second):
+        _collect_loads(p)
+    return [first, second], temps
 
 
 def has_reduce(e) -> bool:

@@ -289,6 +289,12 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
     elif reduced:
         inner_groups = [g for g in groups if g[0] in reduced]
         if len(inner_groups) != 1:
+            if prog.family == "rows" and groups and groups[-1][0] in reduced:
+                _check_two_launch_program(prog, f"the reduced dims {sorted(reduced)} in runs apart")
+                inner = tuple(sorted(set(groups[-1]) | {d for d in reduced if domain[d] == 1}))
+                kept = [d for d in order if d not in reduced]
+                raise NeedsStages(f"the reduced dims {sorted(reduced)} are runs apart in memory", inner,
+                                  tuple(kept + [d for d in order if d in reduced and d not in inner] + list(inner)))
             raise Unsupported(f"the reduced dims {sorted(reduced)} are not one contiguous run for every operand")
         if groups[-1] is not inner_groups[0]:
             raise Unsupported("the reduced dims are not innermost")
@@ -569,6 +575,19 @@ def _check_rows_read_in_vectors(prog: Program, geo: Geometry, order) -> None:
     if loads:
         names = ", ".join(ld.source.name for ld in loads)
         raise NeedsTranspose(f"{names} contiguous across the rows of a reduction", loads, tuple(order))
+
+
+class NeedsStages(Unsupported):
+    """A row reduction whose reduced dims are runs apart in memory (a batch norm's
+    statistics over N, H and W of an NCHW tensor): it runs in two stages
+    (``expr.reduce_in_stages``), first over ``inner`` (the innermost run, a row kernel
+    over the domain), into fp32 partials laid out in dim order ``order`` (the kept dims,
+    then the other reduced ones innermost), then over the other reduced dims, a row
+    kernel again, reading the partials."""
+
+    def __init__(self, message: str, inner: tuple, order: tuple):
+        super().__init__(message)
+        self.inner, self.order = inner, order
 
 
 class NeedsSplit(Unsupported):

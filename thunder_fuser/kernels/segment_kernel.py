@@ -17,10 +17,11 @@ from thunder_fuser.backends import reference
 from thunder_fuser.kernels import cache
 from thunder_fuser.kernels.constants import find_iotas
 from thunder_fuser.kernels.expr import (
-    Program, Unsupported, alias_views, lower_segment, reductions_in_order, render, split_at_reductions, transpose_first,
+    Program, Unsupported, alias_views, lower_segment, reduce_in_stages, reductions_in_order, render, split_at_reductions,
+    transpose_first,
 )
 from thunder_fuser.kernels.geometry import (
-    Geometry, NeedsSplit, NeedsTranspose, aligned, build_geometry, column_state_offsets, views_for_call,
+    Geometry, NeedsSplit, NeedsStages, NeedsTranspose, aligned, build_geometry, column_state_offsets, views_for_call,
 )
 from thunder_fuser.layout import strides_for_order
 
@@ -28,9 +29,10 @@ from thunder_fuser.layout import strides_for_order
 class _Part:
     """One program of the segment: one launch."""
 
-    def __init__(self, prog: Program, transposed_copy: bool = False):
+    def __init__(self, prog: Program, transposed_copy: bool = False, first_stage: tuple = ()):
         self.prog = prog
         self.transposed_copy = transposed_copy  # copies operands into a reduction's row order (transpose_first)
+        self.first_stage = first_stage  # (inner dims, other dims) of a reduction in stages (reduce_in_stages)
         self.geo: Geometry | None = None
         self.fn = None
         self.allocs: list = []  # per store: (shape, strides, dtype) to allocate, or None (a write)
@@ -75,6 +77,11 @@ class SegmentKernel:
                 self._prepare_part(part, env, written, device)
             except NeedsSplit:
                 pending[:0] = [_Part(p) for p in split_at_reductions(part.prog)]
+                continue
+            except NeedsStages as e:
+                progs, temps = reduce_in_stages(part.prog, e.inner)
+                self.orders = {**self.orders, **{id(t): e.order for t in temps}}
+                pending[:0] = [_Part(progs[0], first_stage=(e.inner, progs[1].reduced)), _Part(progs[1])]
                 continue
             except NeedsTranspose as e:
                 if any(id(ld.source) in copies for ld in e.loads):  # a copy that came out strided too
