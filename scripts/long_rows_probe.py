@@ -1,10 +1,12 @@
-"""Rows longer than registers hold (dev aid; GPU machine): log-softmax and logsumexp over LM
-vocabularies (bf16 logits upcast to fp32, as a cross-entropy loss reads them), a softmax and
-a layer norm of long rows. Prints ms for eager, torch.compile and thunder+fuser with each
-``cute_emit.STREAM_UNROLL`` (vectors a thread loads per step of its loop along the row; 1
-is the loop before session 15), and the fuser's TB/s (bytes read plus written once) as a
-fraction of a device-to-device copy measured in the same call. Each result is checked
-against eager; the row tiling of each program is printed too."""
+"""Long rows (dev aid; GPU machine): log-softmax and logsumexp over LM vocabularies (bf16
+logits upcast to fp32, as a cross-entropy loss reads them), a softmax and a layer norm of
+long rows. Prints ms for eager, torch.compile and thunder+fuser under each of VARIANTS
+(module constants patched: "s14" is session 14's kernels, rows in registers up to 8192
+vectors and one vector loaded per step of a loop; "loop N" loops over every row in blocks
+of N threads), and the fuser's TB/s (bytes read
+plus written once) as a fraction of a device-to-device copy measured in the same call,
+for the last variant. Each result is checked against eager; the row tiling of each
+program is printed too."""
 import os
 import warnings
 
@@ -16,10 +18,15 @@ import torch.nn.functional as F
 from benchmarks.run import copy_bandwidth
 from benchmarks.timing import device_ms
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import cache, cute_emit
+from thunder_fuser.kernels import cache, cute_emit, geometry
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
-UNROLLS = (1, 4)
+VARIANTS = {  # name -> {(module, constant): value}; the default last
+    "s14": {(cute_emit, "STREAM_UNROLL"): 1, (geometry, "REGISTER_ROW_ELEMENTS"): 2**31},  # session 14's kernels
+    "loop 1024": {(geometry, "REGISTER_ROW_ELEMENTS"): 0, (geometry, "LOOP_THREADS"): (1024,)},
+    "loop 512": {(geometry, "REGISTER_ROW_ELEMENTS"): 0, (geometry, "LOOP_THREADS"): (512,)},
+    "default": {},
+}
 
 
 def _bf(*shape):
@@ -34,6 +41,9 @@ CASES = {
     "logsumexp fp32 of bf16 [2048, 50257]": (lambda x: torch.logsumexp(x.float(), -1), lambda: (_bf(2048, 50257),)),
     "softmax bf16 [2048, 128256]": (lambda x: torch.softmax(x, -1), lambda: (_bf(2048, 128256),)),
     "layer_norm bf16 [2048, 65536]": (lambda x: F.layer_norm(x, (65536,)), lambda: (_bf(2048, 65536),)),
+    "softmax bf16 [16384, 8192]": (lambda x: torch.softmax(x, -1), lambda: (_bf(16384, 8192),)),
+    "layer_norm bf16 [8192, 16384]": (lambda x: F.layer_norm(x, (16384,)), lambda: (_bf(8192, 16384),)),
+    "softmax fp32 [4096, 20000]": (lambda x: torch.softmax(x, -1), lambda: (_bf(4096, 20000).float(),)),
 }
 
 
@@ -60,22 +70,28 @@ def main():
         want = fn(*args)
         ms = [device_ms(fn, [args])[0], device_ms(torch.compile(fn), [args])[0]]
         tiling = ""
-        for u in UNROLLS:
-            cute_emit.STREAM_UNROLL = u  # not in the compile key: compiled afresh, never from a cache
-            cache.clear_memory()
+        for patch in VARIANTS.values():
+            saved = {k: getattr(*k) for k in patch}
+            for (mod, attr), v in patch.items():
+                setattr(mod, attr, v)
+            cache.clear_memory()  # STREAM_UNROLL is not in the compile key: compiled afresh
             os.environ["THUNDER_FUSER_DISK_CACHE"] = "0"
-            jfn = thunder.jit(fn, executors=[fuser_ex])
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", KernelFallbackWarning)
-                got = jfn(*args)
-            fb = [str(w.message)[:200] for w in caught if issubclass(w.category, KernelFallbackWarning)]
-            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
-            ms.append(device_ms(jfn, [args])[0])
-            tiling = _tiling(jfn) + (f" FALLBACK {fb}" if fb else "")
+            try:
+                jfn = thunder.jit(fn, executors=[fuser_ex])
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", KernelFallbackWarning)
+                    got = jfn(*args)
+                fb = [str(w.message)[:200] for w in caught if issubclass(w.category, KernelFallbackWarning)]
+                torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+                ms.append(device_ms(jfn, [args])[0])
+                tiling = _tiling(jfn) + (f" FALLBACK {fb}" if fb else "")
+            finally:
+                for (mod, attr), v in saved.items():
+                    setattr(mod, attr, v)
         moved = sum(a.numel() * a.element_size() for a in args) + want.numel() * want.element_size()
         rows.append((name, ms, moved / (ms[-1] * 1e-3) / 1e12 / copy, tiling))
         print(name, ms, tiling, flush=True)
-    print(f"\n{'case':42s} {'eager':>7s} {'compile':>7s}" + "".join(f" {'unroll ' + str(u):>9s}" for u in UNROLLS)
+    print(f"\n{'case':42s} {'eager':>7s} {'compile':>7s}" + "".join(f" {v:>9s}" for v in VARIANTS)
           + f" {'x comp':>6s} {'of copy':>7s}  tiling")
     for name, ms, frac, tiling in rows:
         print(f"{name:42s} {ms[0]:7.4f} {ms[1]:7.4f}" + "".join(f" {t:9.4f}" for t in ms[2:])

@@ -71,7 +71,9 @@ WHERE_MIXES = {  # condition, then branches: a vector, a row's value or a consta
     "vector; vector, constant": lambda x: torch.where(x > 0, x, 0.0),
     "vector; constant, row": lambda x: torch.where(x > 0, 0.0, x.amax(-1, keepdim=True)),
     "row; vector, constant": lambda x: torch.where(x.amax(-1, keepdim=True) > 0, x, 0.0),
-    "row; constant, constant": lambda x: torch.where(x.sum(-1, keepdim=True) > 0, 1.0, 2.0) * x,
+    # times x.float(): thunder's decomposition of where(c, 1.0, 2.0) * x rounds to x's dtype,
+    # where torch (and thunder's torch executor) return fp32
+    "row; constant, constant": lambda x: torch.where(x.sum(-1, keepdim=True) > 0, 1.0, 2.0) * x.float(),
     "row; constant, row (log_softmax)": lambda x: torch.log_softmax(x.float(), -1),
     "row; constant, row (logsumexp)": lambda x: torch.logsumexp(x.float(), -1),
     "row; row, row": lambda x: torch.where(x.sum(-1, keepdim=True) > 0, x.amax(-1, keepdim=True), x.amin(-1, keepdim=True)) + x,

@@ -28,6 +28,18 @@ from thunder_fuser.kernels.expr import Load, Program, Unsupported, has_reduce, r
 MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
 ROW_THREADS = (32, 64, 128, 256, 512, 1024)
 MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value
+# A row longer than REGISTER_ROW_ELEMENTS loops over global memory once per pass rather
+# than staying in registers: a 32000-element row in registers fills half an SM's register
+# file, so one block runs per SM and its loads, block reductions and stores do not overlap
+# with another's (scripts/long_rows_probe.py, H100: log_softmax of [4096, 32000] bf16 took
+# 0.497 ms in registers and 0.335 looping in blocks of 512; a layer norm of [2048, 65536]
+# 0.261 and 0.224 in blocks of 1024). Its passes re-read the row from L2 while the rows
+# resident on all SMs fit LOOP_L2_BYTES (of the H100's 50 MiB): blocks of 256 over
+# 64 KiB rows did not fit and took 0.48 ms.
+REGISTER_ROW_ELEMENTS = 16384
+LOOP_THREADS = (512, 1024)
+LOOP_L2_BYTES = 40 << 20
+MAX_THREADS_PER_SM = 2048
 REUSE_ROWS = 2  # rows a pointwise thread walks along a broadcast mode: 2 measured 3-6% above 1 and 4
 #                (RoPE, gelu + bias; scripts/pointwise_probe.py, H100)
 GATHER_ROWS = True  # a row reduction may read an operand strided along its row, element by element
@@ -358,7 +370,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
     elif prog.family == "rows" and _splits_rows(prog, geo, sm_count):
         geo.split_rows, geo.row_threads = True, SPLIT_THREADS
     elif prog.family == "rows":
-        _row_tiling(geo)
+        _row_tiling(geo, sm_count)
     elif outer_sel is None:
         geo.stage = _transpose_stage(prog, geo)
         geo.reuse = () if geo.stage else _broadcast_reuse(geo)
@@ -542,16 +554,22 @@ def _splits_rows(prog: Program, geo: Geometry, sm_count: int) -> bool:
     return True
 
 
-def _row_tiling(geo: Geometry) -> None:
-    """Threads per row and vectors per thread for a row held in registers; a longer row
-    gets 1024 threads and ``row_vectors = 0``: each reduction re-reads it (looped passes)."""
+def _row_tiling(geo: Geometry, sm_count: int) -> None:
+    """Threads per row and vectors per thread for a row held in registers (up to
+    REGISTER_ROW_ELEMENTS); a longer row gets ``row_vectors = 0``: each reduction re-reads
+    it (looped passes), from L2 where the rows resident on all SMs fit LOOP_L2_BYTES, so
+    its block is the narrowest of LOOP_THREADS whose resident rows fit (more blocks per SM
+    hide more latency), or the widest."""
     nvec = -(-geo.n // geo.vector)
-    for threads in ROW_THREADS:
-        k = -(-nvec // threads)
-        if k <= MAX_ROW_VECTORS and (k <= 4 or threads >= 256):
-            geo.row_threads, geo.row_vectors = threads, k
-            return
-    geo.row_threads, geo.row_vectors = ROW_THREADS[-1], 0
+    if geo.n <= REGISTER_ROW_ELEMENTS:
+        for threads in ROW_THREADS:
+            k = -(-nvec // threads)
+            if k <= MAX_ROW_VECTORS and (k <= 4 or threads >= 256):
+                geo.row_threads, geo.row_vectors = threads, k
+                return
+    row_bytes = geo.n * sum(o.dtype.itemsize for o in geo.operands if not o.is_store and o.inner_mode != "bcast")
+    fits = [t for t in LOOP_THREADS if (MAX_THREADS_PER_SM // t) * sm_count * row_bytes <= LOOP_L2_BYTES]
+    geo.row_threads, geo.row_vectors = (fits[0] if fits else LOOP_THREADS[-1]), 0
 
 
 class NeedsTranspose(Unsupported):
