@@ -121,10 +121,16 @@ def _flat(x):
     return [t for t in (x if isinstance(x, (tuple, list)) else (x,)) if isinstance(t, torch.Tensor)]
 
 
-def _check(got, want):
-    for g, w in zip(_flat(got), _flat(want), strict=True):
-        tol = 4e-2 if w.dtype == torch.bfloat16 else 2e-3
-        torch.testing.assert_close(g, w, atol=tol, rtol=tol)
+def _check(fn, args, got, want):
+    """Each output at most twice as far from a float64 evaluation as eager's, plus the
+    dtype's tolerance (a bf16 batch norm's weight gradient, near 1000, sits several ulps
+    from the truth both under eager's cuDNN kernel and under thunder's decomposition)."""
+    wide = [a.detach().double().requires_grad_(a.requires_grad) if a.is_floating_point() else a for a in args]
+    for g, w, x in zip(_flat(got), _flat(want), _flat(fn(*wide)), strict=True):
+        assert (g.shape, g.dtype) == (w.shape, w.dtype), (g.shape, g.dtype, w.shape, w.dtype)
+        ours, eager = (g.double() - x).abs().max().item(), (w.double() - x).abs().max().item()
+        tol = 4e-2 if w.dtype in (torch.bfloat16, torch.float16) else 2e-3
+        assert ours <= 2 * eager + tol * (1 + x.abs().max().item()), f"{ours:.3g} from float64, eager {eager:.3g}"
 
 
 def _outside(jfn) -> list[str]:
@@ -170,10 +176,10 @@ def main():
             got = jfn(*args)
         fallbacks = [str(w.message)[:160] for w in caught if issubclass(w.category, KernelFallbackWarning)]
         try:
-            _check(got, want)
+            _check(fn, args, got, want)
             ok = "ok"
         except AssertionError as e:
-            ok = "MISMATCH " + str(e).splitlines()[1][:100]
+            ok = "MISMATCH " + str(e)[:100]
         outside = _outside(jfn.fwd if isinstance(jfn, backward_of) else jfn)
         if cpu:
             print(f"== {name}: {ok}; outside: {outside}")

@@ -33,10 +33,11 @@ MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per 
 # file, so one block runs per SM and its loads, block reductions and stores do not overlap
 # with another's (scripts/long_rows_probe.py, H100: log_softmax of [4096, 32000] bf16 took
 # 0.497 ms in registers and 0.335 looping in blocks of 512; a layer norm of [2048, 65536]
-# 0.261 and 0.224 in blocks of 1024). Its passes re-read the row from L2 while the rows
-# resident on all SMs fit LOOP_L2_BYTES (of the H100's 50 MiB): blocks of 256 over
-# 64 KiB rows did not fit and took 0.48 ms.
-REGISTER_ROW_ELEMENTS = 16384
+# 0.261 and 0.235 in blocks of 1024; rows of 16384 bf16 and 20000 fp32 ran faster in
+# registers: 0.182 against 0.187, 0.226 against 0.309). Its passes re-read the row from L2
+# while the rows resident on all SMs fit LOOP_L2_BYTES (of the H100's 50 MiB): blocks of
+# 256 over 64 KiB rows did not fit and took 0.48 ms.
+REGISTER_ROW_ELEMENTS = 20480
 LOOP_THREADS = (512, 1024)
 LOOP_L2_BYTES = 40 << 20
 MAX_THREADS_PER_SM = 2048
