@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from benchmarks.run import copy_bandwidth
 from benchmarks.timing import device_ms
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import cache, cute_emit, geometry
+from thunder_fuser.kernels import backend, cache, cute_emit, geometry
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
 VARIANTS = {  # name -> {(module, constant): value}; the default last
@@ -78,6 +78,7 @@ def main():
             os.environ["THUNDER_FUSER_DISK_CACHE"] = "0"
             try:
                 jfn = thunder.jit(fn, executors=[fuser_ex])
+                backend.forget_warnings()
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always", KernelFallbackWarning)
                     got = jfn(*args)

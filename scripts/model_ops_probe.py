@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from thunder_fuser import fuser_ex
 from thunder_fuser.explain import explain
+from thunder_fuser.kernels import backend
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
 
@@ -171,6 +172,7 @@ def main():
     for name, (fn, args) in made.items():
         want = fn(*args)
         jfn = _compiled(fn, lambda f: thunder.jit(f, executors=[fuser_ex]))
+        backend.forget_warnings()  # each case's fallbacks warn afresh (one warning per segment name)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", KernelFallbackWarning)
             got = jfn(*args)
