@@ -363,13 +363,16 @@ def reduce_in_stages(prog: Program, inner: tuple) -> tuple[list[Program], list[V
     outer = tuple(d for d in prog.reduced if d not in inner)
     keep = tuple(1 if d in inner else s for d, s in enumerate(prog.domain))
     count = _numel(prog.domain[d] for d in prog.reduced)
-    partial_stores, combined, temps = [], {}, []
+    partial_stores, combined, temps, made = [], {}, [], {}
 
-    def partial(op: str, arg, correction: float = 0.0) -> Load:
-        tmp = Value(f"_p{len(temps)}", keep, _F32)
-        temps.append(tmp)
-        partial_stores.append(Store(tmp, Reduce(op, arg, _F32, correction), is_row=True))
-        return Load(tmp)
+    def partial(op: str, arg) -> Load:
+        """The partials of ``op`` over ``arg`` (once: var_mean's halves share the mean's)."""
+        if (op, id(arg)) not in made:
+            tmp = Value(f"_p{len(temps)}", keep, _F32)
+            temps.append(tmp)
+            partial_stores.append(Store(tmp, Reduce(op, arg, _F32), is_row=True))
+            made[op, id(arg)] = Load(tmp)
+        return made[op, id(arg)]
 
     for e in reductions_in_order(prog):
         if e.op == "var":
