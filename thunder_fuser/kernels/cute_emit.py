@@ -42,7 +42,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_tensor
 
 from thunder_fuser.kernels.expr import (
-    Load, Op, Program, Reduce, Select, Unsupported, children, dtype_of, reductions_in_order, subexpressions,
+    Load, Op, Program, Reduce, Select, Unsupported, dtype_of, reductions_in_order, subexpressions,
 )
 from thunder_fuser.kernels import packed_narrowing
 from thunder_fuser.kernels.geometry import (
@@ -963,7 +963,7 @@ def build_rows(prog: Program, geo: Geometry):
         values: dict = {}
 
         def batch(j, roots):
-            return _loaded_batch(geo, t2s, tvs, m, j, Tr, row_ok, nvec, N, _loads_outside_reductions(roots),
+            return _loaded_batch(geo, t2s, tvs, m, j, Tr, row_ok, nvec, N, _streamed_loads(roots),
                                  lambda e: values[id(e)])
 
         def reduce_pass(op, arg, center):
@@ -1027,19 +1027,10 @@ def _loaded_batch(geo: Geometry, t2s, tvs, m, j, stride: int, ok, end, N, loads,
     return batch
 
 
-def _loads_outside_reductions(roots) -> list:
-    """The loads ``roots`` read for their own elements (a reduction's operand loads are
-    its pass's, not these expressions')."""
-    seen, found, stack = set(), [], list(roots)
-    while stack:
-        e = stack.pop()
-        if isinstance(e, (bool, int, float)) or id(e) in seen or isinstance(e, Reduce):
-            continue
-        seen.add(id(e))
-        if isinstance(e, Load):
-            found.append(e)
-        stack.extend(children(e))
-    return found
+def _streamed_loads(roots) -> list:
+    """The loads a loop step reads for ``roots`` (a reduction's operand loads are its own
+    pass's, not these expressions')."""
+    return [e for e in subexpressions(roots, into_reductions=False) if isinstance(e, Load)]
 
 
 def _across_threads(part, op: str, tidx, Tr: int, warps: int, acc_iter):
@@ -1317,7 +1308,7 @@ def build_split_rows(prog: Program, geo: Geometry):
     offsets = column_state_offsets(reduces)  # each reduction's first workspace block of M
     full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
     first_op = {id(e): ("sum" if e.op in ("mean", "var") else e.op) for e in reduces}
-    streamed = [x for x in subexpressions([e.arg for e in reduces] + [st.expr for st, _ in full]) if isinstance(x, Load)]
+    streamed = _streamed_loads([e.arg for e in reduces] + [st.expr for st, _ in full])
 
     def no_row_value(e):
         raise Unsupported("a reduction inside another's argument in a split row")

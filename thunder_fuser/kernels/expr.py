@@ -226,9 +226,11 @@ def children(e) -> tuple:
     return ()
 
 
-def subexpressions(roots):
+def subexpressions(roots, into_reductions: bool = True):
     """Every distinct expression reachable from ``roots`` (each once, parents first): the
-    one walk that collecting loads, finding reductions and selects, and counting share."""
+    one walk that collecting loads, finding reductions and selects, and counting share.
+    ``into_reductions=False`` stops at each reduction (yielded, its argument not): what a
+    pass over the row reads for its own elements, not for a reduction it reads the result of."""
     seen: set[int] = set()
     stack = list(reversed(list(roots)))
     while stack:
@@ -237,7 +239,8 @@ def subexpressions(roots):
             continue
         seen.add(id(e))
         yield e
-        stack.extend(reversed(children(e)))
+        if into_reductions or not isinstance(e, Reduce):
+            stack.extend(reversed(children(e)))
 
 
 def reductions_in_order(prog: Program) -> list:

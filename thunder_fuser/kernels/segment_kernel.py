@@ -71,26 +71,30 @@ class SegmentKernel:
         env.update(self.constants)
         pending, self.parts = list(self.parts), []
         copies: set[int] = set()  # the temporaries of transpose_first
+
+        def rewritten(progs, temps, order, **first):
+            """Run ``progs`` in place of the part (the first marked with ``first``), their
+            temporaries laid out in dim ``order``."""
+            self.orders = {**self.orders, **{id(t): order for t in temps}}
+            pending[:0] = [_Part(progs[0], **first)] + [_Part(p) for p in progs[1:]]
+
         while pending:
             part = pending.pop(0)
             try:
                 self._prepare_part(part, env, written, device)
             except NeedsSplit:
-                pending[:0] = [_Part(p) for p in split_at_reductions(part.prog)]
+                rewritten(split_at_reductions(part.prog), (), ())
                 continue
             except NeedsStages as e:
                 progs, temps = reduce_in_stages(part.prog, e.inner)
-                self.orders = {**self.orders, **{id(t): e.order for t in temps}}
-                pending[:0] = [_Part(progs[0], first_stage=(e.inner, progs[1].reduced)), _Part(progs[1])]
+                rewritten(progs, temps, e.order, first_stage=(e.inner, progs[1].reduced))
                 continue
             except NeedsTranspose as e:
                 if any(id(ld.source) in copies for ld in e.loads):  # a copy that came out strided too
                     raise Unsupported(f"{e}, after a copy into the rows' order") from e
                 progs, temps = transpose_first(part.prog, e.loads)
                 copies.update(id(t) for t in temps)
-                self.orders = {**self.orders, **{id(t): e.order for t in temps}}
-                copy, rest = progs
-                pending[:0] = [_Part(copy, transposed_copy=True), _Part(rest)]
+                rewritten(progs, temps, e.order, transposed_copy=True)
                 continue
             self.parts.append(part)
         if compile_now:
