@@ -1,9 +1,8 @@
 """Long rows (dev aid; GPU machine): log-softmax and logsumexp over LM vocabularies (bf16
 logits upcast to fp32, as a cross-entropy loss reads them), a softmax and a layer norm of
 long rows. Prints ms for eager, torch.compile and thunder+fuser under each of VARIANTS
-(module constants patched: "s14" is session 14's kernels, rows in registers up to 8192
-vectors and one vector loaded per step of a loop; "loop N" loops over every row in blocks
-of N threads), and the fuser's TB/s (bytes read
+(module constants patched: "s15" is session 15's kernels, a softmax's max and sum in two
+passes over a row too long for registers), and the fuser's TB/s (bytes read
 plus written once) as a fraction of a device-to-device copy measured in the same call,
 for the last variant. Each result is checked against eager; the row tiling of each
 program is printed too."""
@@ -18,13 +17,12 @@ import torch.nn.functional as F
 from benchmarks.run import copy_bandwidth
 from benchmarks.timing import device_ms
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import backend, cache, cute_emit, geometry
+from thunder_fuser.kernels import backend, cache, cute_emit
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
 VARIANTS = {  # name -> {(module, constant): value}; the default last
-    "s14": {(cute_emit, "STREAM_UNROLL"): 1, (geometry, "REGISTER_ROW_ELEMENTS"): 2**31},  # session 14's kernels
-    "loop 1024": {(geometry, "REGISTER_ROW_ELEMENTS"): 0, (geometry, "LOOP_THREADS"): (1024,)},
-    "loop 512": {(geometry, "REGISTER_ROW_ELEMENTS"): 0, (geometry, "LOOP_THREADS"): (512,)},
+    "s15": {(cute_emit, "ONLINE_SOFTMAX"): False},  # session 15's kernels: a softmax's max and sum in two passes
+    "unroll 2": {(cute_emit, "STREAM_UNROLL"): 2},
     "default": {},
 }
 
@@ -61,20 +59,24 @@ def _tiling(jfn) -> str:
     return "; ".join(out)
 
 
-def main():
+def _tensors(x) -> list:
+    return [t for t in (x if isinstance(x, (tuple, list)) else (x,)) if isinstance(t, torch.Tensor)]
+
+
+def main(cases: dict = CASES, variants: dict = VARIANTS):
     copy = copy_bandwidth()
     print(f"device-to-device copy {copy:.2f} TB/s")
     rows = []
-    for name, (fn, make) in CASES.items():
+    for name, (fn, make) in cases.items():
         args = make()
         want = fn(*args)
         ms = [device_ms(fn, [args])[0], device_ms(torch.compile(fn), [args])[0]]
         tiling = ""
-        for patch in VARIANTS.values():
+        for patch in variants.values():
             saved = {k: getattr(*k) for k in patch}
             for (mod, attr), v in patch.items():
                 setattr(mod, attr, v)
-            cache.clear_memory()  # STREAM_UNROLL is not in the compile key: compiled afresh
+            cache.clear_memory()  # the patched constants are not in the compile key: compiled afresh
             os.environ["THUNDER_FUSER_DISK_CACHE"] = "0"
             try:
                 jfn = thunder.jit(fn, executors=[fuser_ex])
@@ -89,10 +91,10 @@ def main():
             finally:
                 for (mod, attr), v in saved.items():
                     setattr(mod, attr, v)
-        moved = sum(a.numel() * a.element_size() for a in args) + want.numel() * want.element_size()
+        moved = sum(a.numel() * a.element_size() for a in _tensors(args) + _tensors(want))
         rows.append((name, ms, moved / (ms[-1] * 1e-3) / 1e12 / copy, tiling))
         print(name, ms, tiling, flush=True)
-    print(f"\n{'case':42s} {'eager':>7s} {'compile':>7s}" + "".join(f" {v:>9s}" for v in VARIANTS)
+    print(f"\n{'case':42s} {'eager':>7s} {'compile':>7s}" + "".join(f" {v:>9s}" for v in variants)
           + f" {'x comp':>6s} {'of copy':>7s}  tiling")
     for name, ms, frac, tiling in rows:
         print(f"{name:42s} {ms[0]:7.4f} {ms[1]:7.4f}" + "".join(f" {t:9.4f}" for t in ms[2:])

@@ -306,6 +306,50 @@ def test_rows_too_long_for_registers(dtype):
     reduce_without_fallback(lambda x: (x.sum(-1), x.amax(-1), x.var(-1)), x)
 
 
+def _looped_rows(jfn) -> list:
+    """Per row program of ``jfn``: whether its rows loop (too long for registers, not split)."""
+    return [part.prog.family == "rows" and not part.geo.split_rows and not part.geo.columns and not part.geo.row_vectors
+            for p in plans(thunder.last_traces(jfn)[-1]) for k in p.kernels.values() if k for part in k.parts]
+
+
+def _special_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with rows an online softmax must get right: -inf entries (a mask), all -inf, a
+    +inf entry, a NaN, values far from zero, and values rising along the row (the running
+    max grows at every step)."""
+    x = x.clone()
+    x[1, ::3] = -torch.inf
+    x[2] = -torch.inf
+    x[3, 77] = torch.inf
+    x[4, 5] = torch.nan
+    x[5] += 3000
+    x[6] -= 3000
+    x[7] = torch.linspace(-20, 20, x.shape[1], device=x.device)
+    x[8, -1] = 50  # the max in the last vector, past every other
+    return x
+
+
+ONLINE_SOFTMAXES = {
+    "softmax": lambda x: torch.softmax(x, -1),
+    "log_softmax": lambda x: torch.log_softmax(x.float(), -1),
+    "logsumexp": lambda x: torch.logsumexp(x.float(), -1),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:2])
+@pytest.mark.parametrize("n", [30000, 30001, 50257])
+@pytest.mark.parametrize("name", ONLINE_SOFTMAXES)
+def test_online_softmax_over_rows_too_long_for_registers(name, n, dtype):
+    """Rows past the register budget (``geometry.REGISTER_ROW_ELEMENTS``) and too many to
+    split take the max and the sum of exp(x - max) in one pass (``expr.softmax_sums``): on
+    random rows against float64, and on rows of infinities, a NaN, large offsets and a
+    rising max against eager; ragged (30001) and odd (50257: vectors of one element)."""
+    fn = ONLINE_SOFTMAXES[name]
+    jfn, _ = reduce_without_fallback(fn, _randn(80, n, dtype=dtype))
+    assert _looped_rows(jfn) == [True], _looped_rows(jfn)
+    jfn, _ = run_without_fallback(fn, _special_rows(_randn(80, n, dtype=dtype)))
+    assert _looped_rows(jfn) == [True], _looped_rows(jfn)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_resize_rotate_half_and_rope(dtype):
     run_without_fallback(rotate_half_residual, _randn(2, 4, 33, 128, dtype=dtype))

@@ -292,6 +292,29 @@ def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
     assert split_rows(jfn) == [True, True, False] and "reference" not in explain(jfn)
 
 
+def test_rows_too_long_for_registers_take_max_and_sum_in_one_pass_and_explain_says_so(torch_kernels):
+    """A row past ``geometry.REGISTER_ROW_ELEMENTS`` loops over global memory, a pass per
+    reduction; a softmax's max and its sum of exp(x - max) share one (online softmax) where
+    the exp and the subtraction are in fp32 (an fp16 logsumexp rounds them, and keeps its
+    two passes)."""
+    n = 30000
+    for fn, x, passes in (
+        (lambda x: torch.log_softmax(x.float(), -1), _r(80, n, dtype=torch.bfloat16),
+         "a pass per reduction (the max and the sum of exp(x - max) in one: online softmax), then one for its stores"),
+        (lambda x: torch.logsumexp(x.float(), -1), _r(80, n, dtype=torch.bfloat16),
+         "a pass per reduction (the max and the sum of exp(x - max) in one: online softmax)\n"),
+        (softmax, _r(80, n), "a pass per reduction (the max and the sum of exp(x - max) in one: online softmax), "
+         "then one for its stores"),
+        (lambda x: torch.logsumexp(x, -1), _r(80, n, dtype=torch.float16), "a pass per reduction\n"),
+        (lambda x: torch.nn.functional.layer_norm(x, (n,)), _r(80, n), "a pass per reduction, then one for its stores"),
+    ):
+        jfn, _ = check_vs_eager(fn, x)
+        text = explain(jfn) + "\n"
+        assert f"segment 0 loops over rows too long for registers ({n} elements): {passes}" in text, text
+    jfn, _ = check_vs_eager(softmax, _r(80, 1000))
+    assert "loops over rows" not in explain(jfn)
+
+
 def test_an_operand_contiguous_along_another_dim_is_staged_and_explain_says_so(torch_kernels):
     """x + y.t(): y is contiguous along the output's rows, so a kernel reads it through
     shared-memory tiles (``geometry._transpose_stage``); explain() names it. Not where that
@@ -436,6 +459,10 @@ FAMILIES = {
         lambda: (_r(64, 1000, dtype=torch.bfloat16),),
     ),
     "normalization, row too long for registers (softmax, looped passes)": (softmax, lambda: (_r(2, 70000),)),
+    "normalization, row too long for registers (log_softmax of bf16: max and sum in one pass)": (
+        lambda x: torch.log_softmax(x.float(), -1),
+        lambda: (_r(80, 30000, dtype=torch.bfloat16),)  # too many rows to split across blocks
+    ),
     "row reductions (amin, var, prod)": (lambda x: (x.amin(-1), x.var(-1), x.prod(-1)), lambda: (_r(37, 1000),)),
     "normalization gathering an operand strided along the row (layernorm of x * y.t() over 8 rows)": (
         lambda x, y: torch.nn.functional.layer_norm(x * y.t(), (96,)), lambda: (_r(8, 96), _r(96, 8)),
@@ -536,6 +563,12 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         # one reciprocal of the row's sum, no division per element (whose slow path a zero
         # numerator takes: the masked half of a causal row)
         assert "rcp.rn.f32" in ptx and "div.rn.f32" not in ptx, re.findall(r"(?:div|rcp)\.[\w.]+", ptx)
+    if name.startswith("normalization, row too long for registers (log_softmax"):
+        # the max and the sum of exp(x - max) in one pass (online softmax), then the stores:
+        # two passes of STREAM_UNROLL vector loads each, not three
+        from thunder_fuser.kernels.cute_emit import STREAM_UNROLL
+
+        assert ptx.count("ld.global.v4") == 2 * STREAM_UNROLL, ptx.count("ld.global.v4")
     if name.startswith("pointwise staged"):  # scalar reads along the operand's rows, 128-bit stores
         assert "st.shared" in ptx and "bar.sync" in ptx and "st.global.v4" in ptx, ptx
     if name.startswith("pointwise gather"):

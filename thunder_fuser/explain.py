@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from thunder_fuser.kernels.expr import reductions_in_order, softmax_sums
 from thunder_fuser.printing import segment_lines
 
 
@@ -73,6 +74,12 @@ def _kernel_notes(kernel) -> list[str]:
             else:
                 notes.append(f"reads {', '.join(names)} through shared-memory tiles (a tiled transpose: "
                              f"{'they are' if len(names) > 1 else 'it is'} contiguous along another dim than the output)")
+        g = part.geo
+        if part.prog.family == "rows" and not (g.columns or g.split_rows or g.row_vectors):
+            online = softmax_sums(reductions_in_order(part.prog))
+            notes.append(f"loops over rows too long for registers ({g.n} elements): a pass per reduction"
+                         + (" (the max and the sum of exp(x - max) in one: online softmax)" if online else "")
+                         + (", then one for its stores" if any(not st.is_row for st in part.prog.stores) else ""))
         if part.first_stage:
             inner, other = part.first_stage
             notes.append(f"reduces over dims {inner} first, into partials, then over dims {other} reading those "

@@ -42,7 +42,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_tensor
 
 from thunder_fuser.kernels.expr import (
-    Load, Op, Program, Reduce, Select, Unsupported, dtype_of, reductions_in_order, subexpressions,
+    Load, Op, Program, Reduce, Select, Unsupported, dtype_of, reductions_in_order, softmax_sums, subexpressions,
 )
 from thunder_fuser.kernels import packed_narrowing
 from thunder_fuser.kernels.geometry import (
@@ -57,7 +57,10 @@ DTYPES = {
 }
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 STREAM_UNROLL = 4  # vectors a thread loads per step of a loop along a row (a split row, a row too long
-#                   for registers), all before it uses any: a step per vector kept one load in flight
+#                   for registers) or down columns, all before it uses any: a step per vector kept one
+#                   load in flight
+ONLINE_SOFTMAX = True  # rows too long for registers take a softmax's max and sum in one pass
+#                        (``expr.softmax_sums``); False only to measure the two passes beside it
 POINTWISE_THREADS = 128  # 128-1024 measured within noise of each other (H100, scripts/pointwise_probe.py)
 
 
@@ -963,7 +966,7 @@ def build_rows(prog: Program, geo: Geometry):
         values: dict = {}
 
         def batch(j, roots):
-            return _loaded_batch(geo, t2s, tvs, m, j, Tr, row_ok, nvec, N, _streamed_loads(roots),
+            return _loaded_batch(geo, t2s, tvs, m, j, (0, Tr), row_ok, nvec, N, _streamed_loads(roots),
                                  lambda e: values[id(e)])
 
         def reduce_pass(op, arg, center):
@@ -971,21 +974,61 @@ def build_rows(prog: Program, geo: Geometry):
             acc.fill(_IDENTITY[op])
 
             def step(j):
-                for ev, _, pred in batch(j, [arg]):
+                for ev, _, _, pred in batch(j, [arg]):
                     x = _centered(_vector(ev.ev(arg), V, torch.float32), center)
                     acc.store(_COMBINE[op](acc.load(), _where(pred, x, _IDENTITY[op])))
 
             _for_range(rt, nvec, Tr * STREAM_UNROLL, step)
             return finish(acc.load().reduce(_VECTOR_OP[op], _IDENTITY[op], 0), op, tidx, acc_iter)
 
+        def online_pass(x_expr):
+            """The row's max of ``x_expr`` and its sum of exp(x - max) in one pass: a thread
+            keeps its running max and its sum relative to it, rescaled when the max grows (once
+            per batch of vectors); the threads' sums are rescaled to the row's max, then added."""
+            top = _frag((1, 1), torch.float32)
+            top.fill(-math.inf)
+            acc = _frag((1, V), torch.float32)
+            acc.fill(0.0)
+
+            def step(j):
+                xs = [_where(pred, _vector(ev.ev(x_expr), V, torch.float32), -math.inf)
+                      for ev, _, _, pred in batch(j, [x_expr])]
+                most = xs[0]
+                for x in xs[1:]:
+                    most = _maximum(most, x)
+                new = _maximum(top[0], most.reduce(cute.ReductionOp.MAX, -math.inf, 0))
+                total = acc.load() * _rescale(top[0], new)
+                for x in xs:
+                    total = total + cute.math.exp(x - _finite_or_zero(new))
+                acc.store(total)
+                top[0] = new
+
+            _for_range(rt, nvec, Tr * STREAM_UNROLL, step)
+            row_max = finish(top[0], "amax", tidx, acc_iter)
+            mine = acc.load().reduce(cute.ReductionOp.ADD, 0.0, 0) * _rescale(top[0], row_max)
+            return row_max, finish(mine, "sum", tidx, acc_iter)
+
         means: dict = {}
-        for e in reductions_in_order(prog):
-            values[id(e)] = _row_statistic(e, reduce_pass, N, means)
+        order = reductions_in_order(prog)
+        online: dict = {}  # a max -> its first softmax sum (a second one takes a pass of its own)
+        for s, top, x_expr, center in softmax_sums(order) if ONLINE_SOFTMAX else ():
+            online.setdefault(id(top), (s, x_expr, center))
+        for e in order:
+            if id(e) in values:  # a softmax sum, taken with its max
+                continue
+            if id(e) not in online:
+                values[id(e)] = _row_statistic(e, reduce_pass, N, means)
+                continue
+            s, x_expr, center = online[id(e)]
+            row_max, total = online_pass(x_expr)
+            values[id(e)] = row_max
+            c = _row_evaluator(geo, t2s, m, 0, row_ok, lambda r: values[id(r)]).ev(center)
+            values[id(s)] = _result(total * cute.math.exp(_finite_or_zero(row_max) - c), s.dtype)
         _store_row_values(prog, geo, t2s, m, row_ok & (rt == 0), lambda e: values[id(e)])
         full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
 
         def store_step(j):
-            for ev, jj, pred in batch(j, [st.expr for st, _ in full]):
+            for ev, _, jj, pred in batch(j, [st.expr for st, _ in full]):
                 for st, slot in full:
                     _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N, pred)
 
@@ -1012,18 +1055,33 @@ def build_rows(prog: Program, geo: Geometry):
     return launch
 
 
-def _loaded_batch(geo: Geometry, t2s, tvs, m, j, stride: int, ok, end, N, loads, row_value) -> list:
-    """One step of a thread's loop along row ``m``: (evaluator, vector index, predicate) of
-    vectors j, j + stride, ... (STREAM_UNROLL of them; one at or past ``end`` loads nothing),
-    with ``loads`` issued for all before any math uses one."""
+def _finite_or_zero(m):
+    """What an online softmax subtracts for a running max ``m``: ``m``, or 0 where it is
+    infinite (no finite value yet, or a +inf met), so that exp(x - it) is never inf - inf."""
+    return cutlass.select_(m == -math.inf, cutlass.Float32(0.0),
+                           cutlass.select_(m == math.inf, cutlass.Float32(0.0), m))
+
+
+def _rescale(old, new):
+    """The factor that moves a sum of exp(x - old's shift) to new's shift (``old`` <=
+    ``new``); 0 while ``old`` is -inf (the sum is 0 then, and exp(0 - shift) might overflow)."""
+    return cutlass.select_(old == -math.inf, cutlass.Float32(0.0),
+                           cute.math.exp(_finite_or_zero(old) - _finite_or_zero(new)))
+
+
+def _loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads, row_value) -> list:
+    """One step of a thread's loop: (evaluator, row, vector index, predicate) of STREAM_UNROLL
+    vectors, the u-th at ``(m + u * step[0], j + u * step[1])`` (along a row, or down a
+    column), with ``loads`` issued for all before any math uses one. A vector whose moving
+    coordinate is at or past ``end`` loads nothing."""
     batch = []
     for u in range(STREAM_UNROLL):
-        jj = j + u * stride
-        pred = ok & (jj < end)
-        ev = _vector_evaluator(geo, t2s, tvs, m, jj, N, pred, row_value)
+        mm, jj = m + u * step[0], j + u * step[1]
+        pred = ok & ((mm if step[0] else jj) < end)
+        ev = _vector_evaluator(geo, t2s, tvs, mm, jj, N, pred, row_value)
         for ld in loads:
             ev.ev(ld)
-        batch.append((ev, jj, pred))
+        batch.append((ev, mm, jj, pred))
     return batch
 
 
@@ -1218,6 +1276,7 @@ def build_columns(prog: Program, geo: Geometry):
     offsets = column_state_offsets(reduces)  # each reduction's first workspace block of N
     full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
     per_column = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if st.is_row]
+    streamed = _streamed_loads([e.arg for e in reduces] + [st.expr for st, _ in full])
 
     def no_row_value(e):
         raise Unsupported("a reduction inside a column reduction's argument")
@@ -1246,24 +1305,25 @@ def build_columns(prog: Program, geo: Geometry):
                 accs.append(a)
 
         def step(m):
-            ev = _vector_evaluator(geo, t2s, tvs, m, j, N, ok, no_row_value)
-            for st, slot in full:
-                _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, V, N, ok)
-            for e, acc in zip(reduces, accs):
-                x = _vector(ev.ev(e.arg), V, torch.float32)
-                if e.op == "var":
-                    mean, m2, shift = acc
-                    n = ((m - start) // RG + 1).to(cutlass.Float32)
-                    mu = mean.load()
-                    x = x - shift.load()
-                    d = x - mu
-                    mu = mu + d / n
-                    mean.store(mu)
-                    m2.store(m2.load() + d * (x - mu))
-                else:
-                    acc.store(_COMBINE[e.op](acc.load(), x))
+            for ev, mm, _, pred in _loaded_batch(geo, t2s, tvs, m, j, (RG, 0), ok, r1, N, streamed, no_row_value):
+                for st, slot in full:
+                    _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], mm, j, V, N, pred)
+                for e, acc in zip(reduces, accs):
+                    x = _vector(ev.ev(e.arg), V, torch.float32)
+                    if e.op == "var":
+                        mean, m2, shift = acc
+                        # one division per row, not per element: the count is the vector's
+                        inv = cutlass.Float32(1.0) / ((mm - start) // RG + 1).to(cutlass.Float32)
+                        mu = mean.load()
+                        x = x - shift.load()
+                        d = x - mu
+                        mu_next = mu + d * inv
+                        mean.store(_where(pred, mu_next, mu))
+                        m2.store(_where(pred, m2.load() + d * (x - mu_next), m2.load()))
+                    else:
+                        acc.store(_COMBINE[e.op](acc.load(), _where(pred, x, _IDENTITY[e.op])))
 
-        _for_range(start, r1, RG, step)
+        _for_range(start, r1, RG * STREAM_UNROLL, step)
         smem = cutlass.utils.SmemAllocator()
         bufs = [smem.allocate_tensor(cutlass.Float32, V * T) for _ in range(2)]  # at most 16 KB
         col0 = bx * CW * V
@@ -1342,7 +1402,7 @@ def build_split_rows(prog: Program, geo: Geometry):
             accs.append(a)
 
         def step(j):
-            for ev, jj, pred in _loaded_batch(geo, t2s, tvs, m, j, T, ok, j1, N, streamed, no_row_value):
+            for ev, _, jj, pred in _loaded_batch(geo, t2s, tvs, m, j, (0, T), ok, j1, N, streamed, no_row_value):
                 for st, slot in full:
                     _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N, pred)
                 for (i, op, f), a in zip(terms, accs):

@@ -395,6 +395,29 @@ def reduce_in_stages(prog: Program, inner: tuple) -> tuple[list[Program], list[V
     return [first, second], temps
 
 
+def softmax_sums(reductions) -> list:
+    """The sums of ``exp(X - C)`` among ``reductions`` whose ``C`` is a row value computed
+    from ``amax(X)`` alone (``C`` is the max itself, or log_softmax's
+    ``where(|max| == inf, 0, max)``): ``[(the sum, the amax, X, C)]``. A row too long for
+    registers takes such a max and sum in one pass over it (online softmax), where two
+    passes would read the row twice: ``sum(exp(X - C)) == exp(max - C) * sum(exp(X - max))``."""
+    found = []
+    for s in reductions:
+        if s.op != "sum" or not (isinstance(s.arg, Op) and s.arg.op == "exp" and s.arg.dtype == _F32):
+            continue
+        sub = s.arg.args[0]  # exp and the subtraction in fp32, as the online pass computes them
+        if not (isinstance(sub, Op) and sub.op == "sub" and sub.dtype == _F32) or any(_is_number(a) for a in sub.args):
+            continue
+        x, c = sub.args
+        maxes = {id(r): r for r in subexpressions([c]) if isinstance(r, Reduce)}
+        if len(maxes) != 1 or has_reduce(x) or not is_row(c):
+            continue
+        (m,) = maxes.values()
+        if m.op == "amax" and m.arg is x and m.dtype == _F32:
+            found.append((s, m, x, c))
+    return found
+
+
 def has_reduce(e) -> bool:
     return any(isinstance(x, Reduce) for x in subexpressions([e]))
 
