@@ -2,8 +2,9 @@
 activations, the weight gradient of an RMSNorm and the bias gradient of a linear layer,
 each a reduction over many rows of a few thousand columns. Prints ms for eager,
 torch.compile and thunder+fuser under each of VARIANTS (``long_rows_probe``'s table:
-module constants patched; "s15" is session 15's loop, one row per step; "N blocks" fills
-N blocks per SM with the splits, whose partials the second launch combines)."""
+module constants patched; "s15" is session 15's loop, one row per step, and its splits;
+"no cap" lifts ``COLUMN_SPLITS_PER_SM``; "4 blocks" fills 4 blocks per SM with the splits,
+not 8). var's one division per row (not per element) is in every variant."""
 import sys
 
 import torch
@@ -33,13 +34,13 @@ CASES = {
     "rmsnorm weight grad bf16 [16384, 4096]": (
         rmsnorm_weight_grad, lambda: (_bf(16384, 4096), _bf(16384, 4096), torch.rand(16384, 1, device="cuda") + 0.5)),
     "bias grad sum(0) bf16 [65536, 1024]": (lambda g: g.sum(0), lambda: (_bf(65536, 1024),)),
+    "bias grad sum(0) bf16 [262144, 256]": (lambda g: g.sum(0), lambda: (_bf(262144, 256),)),
 }
 
 VARIANTS = {
-    "s15": {(cute_emit, "STREAM_UNROLL"): 1, (geometry, "COLUMN_BLOCKS_PER_SM"): 8},
-    "8 blocks": {(geometry, "COLUMN_BLOCKS_PER_SM"): 8},
+    "s15": {(cute_emit, "STREAM_UNROLL"): 1, (geometry, "COLUMN_SPLITS_PER_SM"): 8},
+    "no cap": {(geometry, "COLUMN_SPLITS_PER_SM"): 8},
     "4 blocks": {(geometry, "COLUMN_BLOCKS_PER_SM"): 4},
-    "2 blocks": {(geometry, "COLUMN_BLOCKS_PER_SM"): 2},
     "default": {},
 }
 

@@ -63,7 +63,13 @@ SPLIT_MIN_VECTORS = 8  # vectors per thread and split, at least: the block's red
 SPLIT_MIN = 8  # fewer splits than this: a row kernel streams about as fast, in one launch
 SPLIT_BLOCKS_PER_SM = 4  # resident blocks per SM the splits of all rows fill, in one wave
 COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
-COLUMN_BLOCKS_PER_SM = 8  # the splits of a column reduction fill this many blocks per SM
+COLUMN_BLOCKS_PER_SM = 8  # the splits of a column reduction fill this many blocks per SM,
+COLUMN_SPLITS_PER_SM = 2  # but make at most this many splits per SM: the second launch walks every
+# split of a column, and with few columns (a channels-last batch norm's 64-256 channels, one
+# block wide) eight blocks per SM meant 1056 splits, whose combine took a quarter of the time.
+# var_mean over (0, 2, 3) of NHWC bf16 [64, 256, 56, 56] took 0.070 ms with 1056 splits, 0.053
+# with 264 (H100, scripts/column_probe.py); a bias gradient of 1024 columns, four blocks wide,
+# 0.053 with 264 splits and 0.070 with 66.
 # A pointwise operand whose fastest dim is not the output's (x + y.t()) is read element by
 # element along N, each element a sector of its own. Where it is contiguous along an outer
 # mode instead, a block stages a tile of STAGE_ROWS rows along that mode by STAGE_ROW_BYTES
@@ -640,11 +646,13 @@ def column_state_offsets(reduces) -> list[int]:
 
 def column_splits(geo: Geometry, sm_count: int) -> tuple[int, int]:
     """(splits of the reduced extent, rows per split) for a column reduction: enough blocks
-    for COLUMN_BLOCKS_PER_SM per SM, each thread still reading at least four rows."""
+    for COLUMN_BLOCKS_PER_SM per SM, at most COLUMN_SPLITS_PER_SM splits per SM, each thread
+    still reading at least four rows."""
     m = _numel(geo.outer)
     groups = COLUMN_THREADS // geo.col_vectors
     blocks_x = -(-(-(-geo.n // geo.vector)) // geo.col_vectors)
-    splits = max(1, min(-(-COLUMN_BLOCKS_PER_SM * sm_count // max(1, blocks_x)), -(-m // (4 * groups))))
+    splits = max(1, min(-(-COLUMN_BLOCKS_PER_SM * sm_count // max(1, blocks_x)), COLUMN_SPLITS_PER_SM * sm_count,
+                        -(-m // (4 * groups))))
     per = max(1, -(-m // splits))
     return max(1, -(-m // per)), per
 
