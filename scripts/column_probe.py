@@ -3,7 +3,7 @@ activations, the weight gradient of an RMSNorm and the bias gradient of a linear
 each a reduction over many rows of a few thousand columns. Prints ms for eager,
 torch.compile and thunder+fuser under each of VARIANTS (``long_rows_probe``'s table:
 module constants patched; "s15" is session 15's loop, one row per step, and its splits;
-"no cap" lifts ``COLUMN_SPLITS_PER_SM``; "4 blocks" fills 4 blocks per SM with the splits,
+"no cap" lifts ``COLUMN_VAR_SPLITS_PER_SM``; "4 blocks" fills 4 blocks per SM with the splits,
 not 8). var's one division per row (not per element) is in every variant."""
 import sys
 
@@ -38,8 +38,8 @@ CASES = {
 }
 
 VARIANTS = {
-    "s15": {(cute_emit, "STREAM_UNROLL"): 1, (geometry, "COLUMN_SPLITS_PER_SM"): 8},
-    "no cap": {(geometry, "COLUMN_SPLITS_PER_SM"): 8},
+    "s15": {(cute_emit, "STREAM_UNROLL"): 1, (geometry, "COLUMN_VAR_SPLITS_PER_SM"): 8},
+    "no cap": {(geometry, "COLUMN_VAR_SPLITS_PER_SM"): 8},
     "4 blocks": {(geometry, "COLUMN_BLOCKS_PER_SM"): 4},
     "default": {},
 }

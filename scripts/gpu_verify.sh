@@ -5,6 +5,8 @@
 # limit. Logs and results come back as one archive, $OUT/gpu.tgz.
 # Usage there: source .whl/env.sh || exit; bash scripts/gpu_verify.sh [TEST_S] [SUITE_S]
 # PARTS="tests" or PARTS="suite" runs one half (the two fit one call's 10 minutes only barely).
+# TESTS names the test files (default: all the files with cuda tests); since session 16 the
+# cuda tests take about 9 minutes cold, so two calls: TESTS=tests/test_cuda_kernels.py, then the rest.
 export PYTHONPATH="$(pwd):${PYTHONPATH}" PYTHONUNBUFFERED=1 THUNDER_FUSER_CACHE=/tmp/tf-cache
 R=/tmp/gpu; mkdir -p "$R/results" "$R/ncu"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -12,9 +14,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # process re-compiles TVM-FFI's and CuTe DSL's sources, which the cache timings would count
 python -m compileall -q -j 0 /tmp/site > /dev/null 2>&1
 if [[ "${PARTS:-tests suite}" == *tests* ]]; then
-timeout "${1:-280}" python -m pytest -q -p no:cacheprovider -rfEs -m cuda tests/test_cuda_kernels.py \
+timeout "${1:-280}" python -m pytest -q -p no:cacheprovider -rfEs -m cuda ${TESTS:-tests/test_cuda_kernels.py \
   tests/test_cuda_workloads.py tests/test_layout.py tests/test_matmul_layouts.py \
-  tests/test_pointwise_properties.py tests/test_resize_properties.py tests/test_inplace_properties.py > "$R/pytest.log" 2>&1; echo "pytest rc=$?"
+  tests/test_pointwise_properties.py tests/test_resize_properties.py tests/test_inplace_properties.py} > "$R/pytest.log" 2>&1; echo "pytest rc=$?"
 grep -E "passed|failed|^FAILED|^ERROR|^E  " "$R/pytest.log" | tail -30
 python examples/demo.py 2>&1 | tail -1
 fi

@@ -344,6 +344,19 @@ def test_an_operand_contiguous_along_another_dim_is_staged_and_explain_says_so(t
     assert stages(jfn) == [()] and "shared-memory" not in explain(jfn)
 
 
+def test_a_column_var_merges_fewer_splits_than_a_column_sum(torch_kernels):
+    """The second launch of a column reduction walks every split of a column: a sum's adds
+    are cheap, so 256 columns over many rows make 8 blocks per SM of splits (1056 on 132
+    SMs); var's merges divide, so it makes at most ``COLUMN_VAR_SPLITS_PER_SM`` per SM."""
+    x = _r(65536, 256, dtype=torch.bfloat16)
+    (p,) = planned_parts(lambda x: x.sum(0), (x,))
+    per = -(-65536 // (geometry.COLUMN_BLOCKS_PER_SM * 132))  # rows per split
+    assert p.geo.splits == (-(-65536 // per), per)  # 1041 splits of 63 rows
+    (p,) = planned_parts(lambda x: torch.var_mean(x.float(), 0), (x,))
+    per = -(-65536 // (geometry.COLUMN_VAR_SPLITS_PER_SM * 132))
+    assert p.geo.splits == (-(-65536 // per), per)  # 263 splits of 249 rows
+
+
 def test_a_softmax_over_columns_runs_its_max_then_its_sum_then_the_division(torch_kernels):
     """A column kernel's results exist only after its second launch, so a reduction inside
     another's argument runs first, on its own (``expr.split_at_reductions``)."""

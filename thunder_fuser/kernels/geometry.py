@@ -64,12 +64,13 @@ SPLIT_MIN = 8  # fewer splits than this: a row kernel streams about as fast, in 
 SPLIT_BLOCKS_PER_SM = 4  # resident blocks per SM the splits of all rows fill, in one wave
 COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
 COLUMN_BLOCKS_PER_SM = 8  # the splits of a column reduction fill this many blocks per SM,
-COLUMN_SPLITS_PER_SM = 2  # but make at most this many splits per SM: the second launch walks every
-# split of a column, and with few columns (a channels-last batch norm's 64-256 channels, one
-# block wide) eight blocks per SM meant 1056 splits, whose combine took a quarter of the time.
-# var_mean over (0, 2, 3) of NHWC bf16 [64, 256, 56, 56] took 0.070 ms with 1056 splits, 0.053
-# with 264 (H100, scripts/column_probe.py); a bias gradient of 1024 columns, four blocks wide,
-# 0.053 with 264 splits and 0.070 with 66.
+COLUMN_VAR_SPLITS_PER_SM = 2  # but a var's make at most this many splits per SM: the second launch
+# merges a var's splits one after the other (Chan's merge, a division each), and with few
+# columns (a channels-last batch norm's 64-256 channels, one block wide) eight blocks per SM
+# meant 1056 splits, whose merges took a quarter of the time. var_mean over (0, 2, 3) of NHWC
+# bf16 [64, 256, 56, 56] took 0.070 ms with 1056 splits, 0.053 with 264 (H100,
+# scripts/column_probe.py). A sum's splits add cheaply: sum(0) over [262144, 256] bf16 took
+# 0.057 ms with 1056 splits and 0.071 with 264.
 # A pointwise operand whose fastest dim is not the output's (x + y.t()) is read element by
 # element along N, each element a sector of its own. Where it is contiguous along an outer
 # mode instead, a block stages a tile of STAGE_ROWS rows along that mode by STAGE_ROW_BYTES
@@ -374,7 +375,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
         _check_rows_read_in_vectors(prog, geo, order)
     if columns:
         geo.col_vectors = min(32, 1 << max(0, (-(-n // vector) - 1).bit_length()))
-        geo.splits = column_splits(geo, sm_count)
+        geo.splits = column_splits(geo, sm_count, any(e.op == "var" for e in reductions_in_order(prog)))
     elif prog.family == "rows" and _splits_rows(prog, geo, sm_count):
         geo.split_rows, geo.row_threads = True, SPLIT_THREADS
     elif prog.family == "rows":
@@ -644,15 +645,15 @@ def column_state_offsets(reduces) -> list[int]:
     return offsets
 
 
-def column_splits(geo: Geometry, sm_count: int) -> tuple[int, int]:
+def column_splits(geo: Geometry, sm_count: int, var: bool = False) -> tuple[int, int]:
     """(splits of the reduced extent, rows per split) for a column reduction: enough blocks
-    for COLUMN_BLOCKS_PER_SM per SM, at most COLUMN_SPLITS_PER_SM splits per SM, each thread
-    still reading at least four rows."""
+    for COLUMN_BLOCKS_PER_SM per SM (at most COLUMN_VAR_SPLITS_PER_SM splits per SM where
+    ``var`` is among the reductions), each thread still reading at least four rows."""
     m = _numel(geo.outer)
     groups = COLUMN_THREADS // geo.col_vectors
     blocks_x = -(-(-(-geo.n // geo.vector)) // geo.col_vectors)
-    splits = max(1, min(-(-COLUMN_BLOCKS_PER_SM * sm_count // max(1, blocks_x)), COLUMN_SPLITS_PER_SM * sm_count,
-                        -(-m // (4 * groups))))
+    most = COLUMN_VAR_SPLITS_PER_SM * sm_count if var else m
+    splits = max(1, min(-(-COLUMN_BLOCKS_PER_SM * sm_count // max(1, blocks_x)), most, -(-m // (4 * groups))))
     per = max(1, -(-m // splits))
     return max(1, -(-m // per)), per
 
