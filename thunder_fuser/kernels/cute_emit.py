@@ -997,16 +997,18 @@ def build_rows(prog: Program, geo: Geometry):
                 for x in xs[1:]:
                     most = _maximum(most, x)
                 new = _maximum(top[0], most.reduce(cute.ReductionOp.MAX, -math.inf, 0))
-                total = acc.load() * _rescale(top[0], new)
+                shift = _finite_or_zero(new)
+                total = acc.load() * _rescale(top[0], shift)
                 for x in xs:
-                    total = total + cute.math.exp(x - _finite_or_zero(new))
+                    total = total + cute.math.exp(x - shift)
                 acc.store(total)
                 top[0] = new
 
             _for_range(rt, nvec, Tr * STREAM_UNROLL, step)
             row_max = finish(top[0], "amax", tidx, acc_iter)
-            mine = acc.load().reduce(cute.ReductionOp.ADD, 0.0, 0) * _rescale(top[0], row_max)
-            return row_max, finish(mine, "sum", tidx, acc_iter)
+            row_shift = _finite_or_zero(row_max)
+            mine = acc.load().reduce(cute.ReductionOp.ADD, 0.0, 0) * _rescale(top[0], row_shift)
+            return row_max, row_shift, finish(mine, "sum", tidx, acc_iter)
 
         means: dict = {}
         order = reductions_in_order(prog)
@@ -1020,10 +1022,10 @@ def build_rows(prog: Program, geo: Geometry):
                 values[id(e)] = _row_statistic(e, reduce_pass, N, means)
                 continue
             s, x_expr, center = online[id(e)]
-            row_max, total = online_pass(x_expr)
+            row_max, row_shift, total = online_pass(x_expr)
             values[id(e)] = row_max
             c = _row_evaluator(geo, t2s, m, 0, row_ok, lambda r: values[id(r)]).ev(center)
-            values[id(s)] = _result(total * cute.math.exp(_finite_or_zero(row_max) - c), s.dtype)
+            values[id(s)] = _result(total * cute.math.exp(row_shift - c), s.dtype)
         _store_row_values(prog, geo, t2s, m, row_ok & (rt == 0), lambda e: values[id(e)])
         full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
 
@@ -1062,11 +1064,11 @@ def _finite_or_zero(m):
                            cutlass.select_(m == math.inf, cutlass.Float32(0.0), m))
 
 
-def _rescale(old, new):
-    """The factor that moves a sum of exp(x - old's shift) to new's shift (``old`` <=
-    ``new``); 0 while ``old`` is -inf (the sum is 0 then, and exp(0 - shift) might overflow)."""
-    return cutlass.select_(old == -math.inf, cutlass.Float32(0.0),
-                           cute.math.exp(_finite_or_zero(old) - _finite_or_zero(new)))
+def _rescale(old, shift):
+    """The factor that moves a sum of exp(x - ``_finite_or_zero(old)``) to exp(x - ``shift``)
+    (the shift of a max no smaller than ``old``); 0 while ``old`` is -inf (the sum is 0 then,
+    and exp(0 - shift) might overflow)."""
+    return cutlass.select_(old == -math.inf, cutlass.Float32(0.0), cute.math.exp(_finite_or_zero(old) - shift))
 
 
 def _loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads, row_value) -> list:
