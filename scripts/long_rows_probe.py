@@ -54,8 +54,9 @@ def _tiling(jfn) -> str:
             for k in plan.kernels.values():
                 for p in (k.parts if k else ()):
                     g = p.geo
-                    out.append(f"V={g.vector} threads={g.row_threads} vectors={g.row_vectors or 'looped'}"
-                               + (f" splits={g.splits}" if g.split_rows else ""))
+                    how = ("columns" if g.columns else f"split rows, threads={g.row_threads}" if g.split_rows
+                           else f"threads={g.row_threads} vectors={'looped' if g.looped else g.row_vectors}")
+                    out.append(f"V={g.vector} {how}" + (f" splits={g.splits[0]}" if g.splits else ""))
     return "; ".join(out)
 
 

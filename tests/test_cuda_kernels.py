@@ -308,8 +308,7 @@ def test_rows_too_long_for_registers(dtype):
 
 def _looped_rows(jfn) -> list:
     """Per row program of ``jfn``: whether its rows loop (too long for registers, not split)."""
-    return [part.prog.family == "rows" and not part.geo.split_rows and not part.geo.columns and not part.geo.row_vectors
-            for p in plans(thunder.last_traces(jfn)[-1]) for k in p.kernels.values() if k for part in k.parts]
+    return [part.geo.looped for p in plans(thunder.last_traces(jfn)[-1]) for k in p.kernels.values() if k for part in k.parts]
 
 
 def _special_rows(x: torch.Tensor, inf: bool) -> torch.Tensor:

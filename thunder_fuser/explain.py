@@ -74,10 +74,9 @@ def _kernel_notes(kernel) -> list[str]:
             else:
                 notes.append(f"reads {', '.join(names)} through shared-memory tiles (a tiled transpose: "
                              f"{'they are' if len(names) > 1 else 'it is'} contiguous along another dim than the output)")
-        g = part.geo
-        if part.prog.family == "rows" and not (g.columns or g.split_rows or g.row_vectors):
+        if part.geo.looped:
             online = softmax_sums(reductions_in_order(part.prog))
-            notes.append(f"loops over rows too long for registers ({g.n} elements): a pass per reduction"
+            notes.append(f"loops over rows too long for registers ({part.geo.n} elements): a pass per reduction"
                          + (" (the max and the sum of exp(x - max) in one: online softmax)" if online else "")
                          + (", then one for its stores" if any(not st.is_row for st in part.prog.stores) else ""))
         if part.first_stage:

@@ -1037,7 +1037,7 @@ def build_rows(prog: Program, geo: Geometry):
         if full:
             _for_range(rt, nvec, Tr * STREAM_UNROLL, store_step)
 
-    row_body = body if K else body_looped
+    row_body = body_looped if geo.looped else body
 
     @cute.kernel
     def kernel(t2s, tvs, M: cutlass.Int32, N: cutlass.Int32):

@@ -139,6 +139,11 @@ class Geometry:
     def outer_select(self) -> bool:
         return self.outer_select_dim is not None
 
+    @property
+    def looped(self) -> bool:
+        """A row kernel whose rows are too long for registers: each pass re-reads the row."""
+        return bool(self.row_threads) and not self.row_vectors and not self.split_rows
+
     def signature(self) -> tuple:
         ops = tuple(
             (str(o.dtype), o.is_store, o.inner_mode, tuple(s == 0 for s in o.stride[:-1]), o.shape[-1] if o.shape[-1] != self.n else -1,
