@@ -55,7 +55,8 @@ def _tiling(jfn) -> str:
                 for p in (k.parts if k else ()):
                     g = p.geo
                     how = ("columns" if g.columns else f"split rows, threads={g.row_threads}" if g.split_rows
-                           else f"threads={g.row_threads} vectors={'looped' if g.looped else g.row_vectors}")
+                           else f"threads={g.row_threads} vectors={'looped' if g.looped else g.row_vectors}"
+                           + (" +column sums" if g.across else ""))
                     out.append(f"V={g.vector} {how}" + (f" splits={g.splits[0]}" if g.splits else ""))
     return "; ".join(out)
 

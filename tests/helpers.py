@@ -161,6 +161,40 @@ def check_layernorm_backward(device: str, shape=(64, 4097), atol=1e-4, require_k
     check_gradients(layernorm, x, [w, b], atol, require_kernels)
 
 
+def norm_backward(x, w, g, rstd):
+    """A norm backward written out: RMSNorm's input gradient, then a layer norm's weight and
+    bias gradients (sums over every dim but the last). The row sum comes first, as in
+    thunder's backward traces, so the sums over the rows join its segment as sums per
+    column."""
+    xhat = x * rstd
+    gw = g * w
+    dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+    rows = tuple(range(x.ndim - 1))
+    return dx, (g * xhat).sum(rows), g.sum(rows)
+
+
+def norm_backward_args(shape, dtype=torch.float32, device="cpu", transposed=False):
+    """x, w, g and rstd for ``norm_backward``; ``transposed``: x and g laid out with their
+    rows strided (2-D), so the output's rows are not innermost."""
+    def full():
+        t = torch.randn(*(reversed(shape) if transposed else shape), dtype=dtype, device=device)
+        return t.t() if transposed else t
+
+    rstd = torch.rand(*shape[:-1], 1, dtype=dtype, device=device) + 0.5
+    return full(), torch.randn(shape[-1], dtype=dtype, device=device), full(), rstd
+
+
+def check_norm_backward(shape, dtype, device, expect: str, transposed=False):
+    """``norm_backward`` against float64 (sums over many rows round differently in any
+    order), with ``expect`` in explain()'s report: where its sums per column ran."""
+    from thunder_fuser.explain import explain
+
+    jfn, _ = check_vs_float64(norm_backward, *norm_backward_args(shape, dtype, device, transposed))
+    report = explain(jfn)
+    assert expect in report, report
+    return jfn
+
+
 def plans(trace) -> list:
     """The plans of every fuser region of ``trace``."""
     from thunder_fuser.runtime.region_runner import RegionRunner

@@ -15,7 +15,7 @@ from benchmarks.workloads import adam_step, gelu_bias, layernorm, rmsnorm, rope,
 from helpers import (
     CREATION_CASES, STAGED_REDUCTIONS, causal_attention, causal_mask_scores,
     check_a_misaligned_call_runs_a_shared_launch_apart, check_batch_norm_backward, check_gradients,
-    check_layernorm_backward, check_vs_eager, check_vs_float64,
+    check_layernorm_backward, check_norm_backward, check_vs_eager, check_vs_float64,
     integer_division, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import fuser_ex
@@ -182,6 +182,28 @@ def test_layernorm_backward_on_kernels():
         warnings.simplefilter("error", KernelFallbackWarning)
         check_layernorm_backward("cuda", (64, 4096), require_kernels=True)
         check_layernorm_backward("cuda", (1000, 4097), require_kernels=True)
+
+
+IN_THE_ROW_KERNEL = "takes its sums per column in its row kernel"
+APART = "takes its sums per column in a reduction of their own after its rows"
+
+
+@pytest.mark.parametrize("shape, dtype, expect", [
+    ((37, 1000), torch.float32, IN_THE_ROW_KERNEL),  # blocks of 64 threads per row, fewer row blocks than blocks
+    ((2, 19, 256), torch.bfloat16, IN_THE_ROW_KERNEL),  # rows of one warp, 4 per block: slots added in shared memory
+    ((1000, 4097), torch.float32, IN_THE_ROW_KERNEL),  # odd rows: scalar accesses
+    ((4099, 1024), torch.float16, IN_THE_ROW_KERNEL),  # several row blocks per block, the last one ragged
+    ((8, 1024, 1024), torch.bfloat16, IN_THE_ROW_KERNEL),  # a transformer block's layer norm backward
+    ((16384, 4096), torch.bfloat16, IN_THE_ROW_KERNEL),  # an RMSNorm's, 4096 wide
+    ((300, 16384), torch.bfloat16, APART),  # too many registers for the two sums
+    ((96, 64), torch.float32, APART + " (its rows do not run as one row kernel"),  # rows strided (transposed)
+])
+def test_norm_backward_sums_per_column(shape, dtype, expect):
+    """A norm backward's input gradient with its weight and bias gradients (sums over the
+    rows, in the row kernel or apart), against float64; every output starts as NaN."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        check_norm_backward(shape, dtype, "cuda", expect, transposed=shape == (96, 64))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -19,8 +19,8 @@ from benchmarks.workloads import (
 from helpers import (
     CREATION_CASES, STAGED_REDUCTIONS, causal_attention, causal_mask_scores,
     check_a_misaligned_call_runs_a_shared_launch_apart,
-    check_batch_norm_backward, check_gradients, check_layernorm_backward, check_vs_eager, check_vs_float64,
-    integer_division, planned_parts, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
+    check_batch_norm_backward, check_gradients, check_layernorm_backward, check_norm_backward, check_vs_eager,
+    check_vs_float64, integer_division, norm_backward, norm_backward_args, planned_parts, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import explain, fuser_ex
 from thunder_fuser.kernels import backend, geometry, segment_kernel
@@ -415,6 +415,55 @@ def test_a_row_reduction_gathers_an_operand_strided_along_the_row(torch_kernels)
     assert parts(jfn) == [("rows", ())] and "shared-memory" not in explain(jfn)
 
 
+IN_THE_ROW_KERNEL = "takes its sums per column in its row kernel"
+APART = "takes its sums per column in a reduction of their own after its rows"
+
+
+@pytest.mark.parametrize("shape, dtype, expect", [
+    ((37, 1000), torch.float32, IN_THE_ROW_KERNEL),  # a block of 64 threads per row
+    ((2, 19, 256), torch.bfloat16, IN_THE_ROW_KERNEL),  # rows of one warp, 4 per block (the last block ragged)
+    ((8, 16384), torch.bfloat16, APART + " (its sums per column would hold 128 fp32 registers per thread (at most 64))"),
+    ((3, 30000), torch.float32, APART + " (its rows are too long for registers)"),
+])
+def test_sums_per_column_run_in_the_row_kernel_or_apart(shape, dtype, expect, torch_kernels):
+    """A norm backward's weight and bias gradients (sums over the rows) ride in the row kernel
+    of its input gradient, or, where that kernel cannot hold them, run as a reduction of
+    their own; explain() says which and why. Either way the results are right."""
+    jfn = check_norm_backward(shape, dtype, "cpu", expect)
+    parts = [part for _, k in _kernels(jfn) for part in k.parts]
+    if expect == IN_THE_ROW_KERNEL:
+        (part,) = parts
+        assert part.geo.across and part.workspace == (part.geo.splits[0], 2 * shape[-1])
+    else:
+        assert [(p.prog.family, p.geo.across) for p in parts][-1] == ("rows", False) and len(parts) >= 2
+
+
+def test_sums_per_column_run_apart_where_the_rows_are_not_innermost(torch_kernels):
+    jfn = check_norm_backward((64, 96), torch.float32, "cpu", APART + " (its rows do not run as one row kernel: a column reduction", transposed=True)
+    assert not any(part.geo.across for _, k in _kernels(jfn) for part in k.parts)
+
+
+def test_a_sum_over_the_rows_met_before_the_row_sum_keeps_a_segment_of_its_own(torch_kernels):
+    """The segmenter cannot tell a row from a column: a sum per column joins a segment whose
+    rows end at the last dim, and only after its row sum (a column sum met first would
+    otherwise take the rows in as sums per column)."""
+
+    def columns_first(x, w, g, rstd):
+        db = g.sum(0)
+        dx, dw, _ = norm_backward(x, w, g, rstd)
+        return dx, dw, db
+
+    jfn, _ = check_vs_float64(columns_first, *norm_backward_args((16, 64)))
+    segs = [s.describe() for r in _fusions_of(jfn) for s in r.segments]
+    assert segs == ["reduction: sum over dims (0,)", "normalization: sum over dims (1,)"], segs
+
+
+def _fusions_of(jfn):
+    from thunder_fuser.explain import _fusions
+
+    return list(_fusions(thunder.last_traces(jfn)[-1]))
+
+
 # ---- PTX on the CPU machine ----------------------------------------------------------------
 
 @pytest.fixture
@@ -522,6 +571,9 @@ FAMILIES = {
     ),
     "reduction in two stages (var_mean over N, H and W of NCHW: partials over H and W, then over N; bf16)": (
         lambda x: torch.var_mean(x, dim=(0, 2, 3)), lambda: (_r(6, 8, 7, 9, dtype=torch.bfloat16),)
+    ),
+    "normalization with sums per column (a norm backward's weight and bias gradients in its row kernel; bf16)": (
+        norm_backward, lambda: norm_backward_args((2, 19, 256), torch.bfloat16)
     ),
     "resize along an outer dim (cat, bf16)": (
         lambda x, y: torch.cat((x, y * 2), 1), lambda: (_r(2, 3, 64, dtype=torch.bfloat16), _r(2, 5, 64, dtype=torch.bfloat16))

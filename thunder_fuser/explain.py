@@ -64,6 +64,8 @@ def _kernel_notes(kernel) -> list[str]:
     blocks (two launches each: partials, then a combine), operands staged through shared
     memory (a tiled transpose), reductions in two stages."""
     notes = []
+    if getattr(kernel, "columns_apart", ""):
+        notes.append(f"takes its sums per column in a reduction of their own after its rows ({kernel.columns_apart})")
     for part in getattr(kernel, "parts", ()):
         if part.geo.stage:
             slots = set(part.geo.stage[1])
@@ -84,6 +86,10 @@ def _kernel_notes(kernel) -> list[str]:
             notes.append(f"reduces over dims {inner} first, into partials, then over dims {other} reading those "
                          f"(two row kernels: its reduced dims are runs apart in memory)")
         if part.workspace is None:
+            continue
+        if part.geo.across:
+            notes.append(f"takes its sums per column in its row kernel: each of its {part.workspace[0]} blocks adds "
+                         f"up the rows it walks into a partial, then a second launch adds the partials")
             continue
         splits, what = part.workspace[0], "column" if part.geo.columns else "row"
         notes.append(f"splits each {what} of its reduction across {splits} blocks, then combines their partials "

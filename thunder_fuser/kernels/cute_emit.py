@@ -42,11 +42,12 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_tensor
 
 from thunder_fuser.kernels.expr import (
-    Load, Op, Program, Reduce, Select, Unsupported, dtype_of, reductions_in_order, softmax_sums, subexpressions,
+    Load, Op, Program, Reduce, Select, Unsupported, column_sums, dtype_of, reductions_in_order, softmax_sums,
+    subexpressions,
 )
 from thunder_fuser.kernels import packed_narrowing
 from thunder_fuser.kernels.geometry import (
-    COLUMN_THREADS, Geometry, column_state_offsets, mapped_layout, ref_first, stage_tile,
+    COLUMN_THREADS, Geometry, column_state_offsets, mapped_layout, ref_first, row_block, stage_tile,
 )
 
 DTYPES = {
@@ -900,20 +901,25 @@ def _for_range(start, stop, step: cutlass.Constexpr, fn: cutlass.Constexpr):
 def build_rows(prog: Program, geo: Geometry):
     """Row reductions: ``row_threads`` threads per row, the row in registers
     (``row_vectors`` vectors per thread) or, for a row too long for registers, re-read from
-    global memory once per reduction and once for the stores (``row_vectors == 0``)."""
+    global memory once per reduction and once for the stores (``row_vectors == 0``).
+    With sums per column (``geo.across``) the rows held in registers are walked grid-stride
+    instead, in two launches (``rows_with_column_sums``)."""
     V, K, Tr = geo.vector, geo.row_vectors, geo.row_threads
-    T = Tr if Tr > 32 else 128  # a block reduction serves one row; warp-sized rows share a block
-    rows_per_block = T // Tr
+    T, rows_per_block = row_block(geo)
     warps = T // 32
     rank = len(geo.outer) + 1
     ops = geo.operands
-    ref_slot = next((s for s, st in zip(geo.store_slot, prog.stores) if not st.is_row), geo.store_slot[0])
+    ref_slot = next((s for s, st in zip(geo.store_slot, prog.stores) if not st.is_row and not st.across),
+                    geo.store_slot[0])
     n_reductions = _count_reductions(prog)
+    sums = column_sums(prog)
 
     def finish(part, op, tidx, acc_iter):
         return _across_threads(part, op, tidx, Tr, warps, acc_iter)
 
-    def body(t2s, tvs, m, rt, tidx, N, row_ok, accs):
+    def body(t2s, tvs, m, rt, tidx, N, row_ok, accs, column_accs=()):
+        """One row, held in registers. ``column_accs``: per sum per column, per vector of
+        the thread's, its fp32 running sum over the rows this thread has walked."""
         nvec = N // V
         chunk_ok = [row_ok & (rt + c * Tr < nvec) for c in range(K)]
         loaded = {}
@@ -949,9 +955,12 @@ def build_rows(prog: Program, geo: Geometry):
 
         for c in range(K):
             chunks.append(Evaluator(load_chunk(c), row_value, _no_select))
+        for e, accs_of_sum in zip(sums, column_accs):
+            for c, acc in enumerate(accs_of_sum):
+                acc.store(acc.load() + _where(chunk_ok[c], _vector(chunks[c].ev(e.arg), V, torch.float32), 0.0))
         _store_row_values(prog, geo, t2s, m, row_ok & (rt == 0), row_value)
         for st, slot in zip(prog.stores, geo.store_slot):
-            if not st.is_row:
+            if not st.is_row and not st.across:
                 for c in range(K):
                     o = ops[slot]
                     _store_vector(chunks[c].ev(st.expr), o, t2s[slot], tvs[slot], m, rt + c * Tr, V, N, chunk_ok[c])
@@ -1037,6 +1046,8 @@ def build_rows(prog: Program, geo: Geometry):
         if full:
             _for_range(rt, nvec, Tr * STREAM_UNROLL, store_step)
 
+    if geo.across:
+        return rows_with_column_sums(prog, geo, body, ref_slot, n_reductions)
     row_body = body_looped if geo.looped else body
 
     @cute.kernel
@@ -1055,6 +1066,69 @@ def build_rows(prog: Program, geo: Geometry):
         kernel(t2s, tvs, M, N).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)
 
     return launch
+
+
+def rows_with_column_sums(prog: Program, geo: Geometry, body, ref_slot: int, n_reductions: int):
+    """A row kernel that also sums per column (a norm backward's weight gradient beside its
+    input gradient), reading the operands once. The first launch: one wave of blocks walks
+    its rows (``per`` row blocks each, consecutive), each row held in registers as
+    ``build_rows`` holds it, while each thread adds the vectors of its columns into fp32
+    registers; then the block's row slots add theirs through shared memory (rows of a warp
+    or less share a block) and the first writes the block's partial row into the workspace
+    ``[blocks, sums * N]``. The second: ``FINALIZE_LANES`` lanes per column add the
+    partials (Kahan) and the first stores the per-column values, as a column reduction's
+    finalize does."""
+    V, K, Tr = geo.vector, geo.row_vectors, geo.row_threads
+    T, rows_per_block = row_block(geo)
+    rank = len(geo.outer) + 1
+    sums = column_sums(prog)
+
+    def add_row_slots(accs, slot, rt):
+        """Every row slot's sums added into each thread's ``accs`` (one flat list), through
+        shared memory: each slot writes its own, then each thread adds all of its columns'."""
+        held = len(accs) * V
+        buf = cutlass.utils.SmemAllocator().allocate_tensor(cutlass.Float32, rows_per_block * held * Tr)
+        for a, acc in enumerate(accs):
+            for k in range(V):
+                buf[(slot * held + a * V + k) * Tr + rt] = acc[k]
+        cute.arch.sync_threads()
+        for a, acc in enumerate(accs):
+            for k in range(V):
+                total = buf[(a * V + k) * Tr + rt]
+                for other in range(1, rows_per_block):
+                    total = total + buf[(other * held + a * V + k) * Tr + rt]
+                acc[k] = total
+
+    def partial_body(t2s, tvs, ws, M, N, per, tidx, bx, by):
+        rt, slot = tidx % Tr, tidx // Tr
+        column_accs = []
+        for _ in sums:
+            column_accs.append([_frag((1, V), torch.float32) for _ in range(K)])
+            for acc in column_accs[-1]:
+                acc.fill(0.0)
+        shared = _shared_accumulators(Tr, T // 32, n_reductions)
+        row_blocks = (M + rows_per_block - 1) // rows_per_block
+
+        def step(b):
+            m = b * rows_per_block + slot
+            body(t2s, tvs, _row_coord(t2s[ref_slot], m, rank), rt, tidx, N, m < M, shared, column_accs)
+
+        _for_range(bx * per, cutlass.min(row_blocks, bx * per + per), 1, step)
+        if rows_per_block > 1:  # _shared_accumulators allocated nothing (rows of a warp or less)
+            add_row_slots([acc for accs in column_accs for acc in accs], slot, rt)
+        for i, accs_of_sum in enumerate(column_accs):
+            for c, acc in enumerate(accs_of_sum):
+                j = rt + c * Tr
+                _scatter_if(acc, ws, bx, i * N + j * V, i * N + N, (slot == 0) & (j < N // V), V)
+
+    per_column = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if st.across]
+
+    def finalize_body(t2s, ws, M, N, per, c, lane):
+        _finalize_column(per_column, geo, sums, list(range(len(sums) + 1)), t2s, ws, M, N, per, c, lane)
+
+    return _partials_then_finalize(
+        geo, rank, ref_slot, T, partial_body, finalize_body,
+        lambda ws, M, N: [cute.size(ws, mode=[0]), 1, 1], lambda M, N: N)
 
 
 def _finite_or_zero(m):
@@ -1338,11 +1412,7 @@ def build_columns(prog: Program, geo: Geometry):
                 _groups_to_workspace(acc, bufs[0], ws, tidx, split, col0, offset * N, N, V, CW, RG, _COMBINE[e.op])
 
     def finalize_body(t2s, ws, M, N, per, c, lane):
-        ok = c < N
-        values = _combined_splits(reduces, offsets, ws, N, c, lane, M, per, ok)
-        ev = _row_evaluator(geo, t2s, 0, c, ok, lambda e: values[id(e)])
-        for st, slot in per_column:
-            _store_scalar_if(t2s[slot], 0, c, _cast(ev.ev(st.expr), ops[slot].dtype), ok & (lane == 0))
+        _finalize_column(per_column, geo, reduces, offsets, t2s, ws, M, N, per, c, lane)
 
     return _partials_then_finalize(
         geo, rank, ref_slot, T, partial_body, finalize_body,
@@ -1436,6 +1506,17 @@ def build_split_rows(prog: Program, geo: Geometry):
     return _partials_then_finalize(
         geo, rank, ref_slot, T, partial_body, finalize_body, lambda ws, M, N: [cute.size(ws, mode=[0]), M, 1],
         lambda M, N: M)
+
+
+def _finalize_column(per_column: list, geo: Geometry, reduces, offsets, t2s, ws, M, N, per, c, lane) -> None:
+    """Column ``c``'s values, from its partials in the workspace: ``reduces`` combined
+    (``_combined_splits``), then each of the ``per_column`` stores, ``(store, slot)``,
+    computed from them and stored by the first lane."""
+    ok = c < N
+    values = _combined_splits(reduces, offsets, ws, N, c, lane, M, per, ok)
+    ev = _row_evaluator(geo, t2s, 0, c, ok, lambda e: values[id(e)])
+    for st, slot in per_column:
+        _store_scalar_if(t2s[slot], 0, c, _cast(ev.ev(st.expr), geo.operands[slot].dtype), ok & (lane == 0))
 
 
 def _combined_splits(reduces, offsets, ws, width, c, lane, count, per, pred) -> dict:

@@ -59,13 +59,15 @@ class Op:
 @dataclass(frozen=True, eq=False)
 class Reduce:
     """One number per row: ``op`` over the row of ``arg``. ``part`` picks var or mean of
-    ``var_mean``."""
+    ``var_mean``. ``across``: one number per column instead, over the program's ``across``
+    dims (a sum per column that a row kernel takes beside its rows)."""
 
     op: str
     arg: object
     dtype: object
     correction: float = 0.0
     part: int = 0
+    across: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,6 +102,7 @@ class Store:
     views: tuple[Node, ...] = ()
     is_row: bool = False  # one number per row (a reduction result or a function of them)
     domain: tuple[int, ...] | None = None  # the shape ``expr`` spans, where not the target's
+    across: bool = False  # one number per column (a sum per column or a function of them)
 
 
 @dataclass
@@ -110,18 +113,29 @@ class Program:
     stores: list[Store]
     loads: list[Load] = field(default_factory=list)  # distinct loads, in first-use order
     select_dims: tuple[int, ...] = ()  # the domain dims cat/pad select along (at most two)
+    across: tuple[int, ...] = ()  # rows: the dims its sums per column reduce (the kept ones' complement)
 
 
 def is_row(e) -> bool:
     """One value per row (per kept position): a reduction, a row-shaped input, or an op
     over only those."""
     if isinstance(e, Reduce):
-        return True
+        return not e.across
     if isinstance(e, Load):
         return e.row
     if isinstance(e, Op):
         tensors = [a for a in e.args if not _is_number(a)]
         return bool(tensors) and all(is_row(a) for a in tensors)
+    return False
+
+
+def is_column(e) -> bool:
+    """One value per column: a sum per column, or an op over only those (and numbers)."""
+    if isinstance(e, Reduce):
+        return e.across
+    if isinstance(e, Op):
+        tensors = [a for a in e.args if not _is_number(a)]
+        return bool(tensors) and all(is_column(a) for a in tensors)
     return False
 
 
@@ -162,13 +176,15 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
         if isinstance(e, Reshaped):
             stores.append(Store(o, e.expr, domain=e.shape))
             continue
-        stores.append(Store(o, e, is_row=is_row(e)))
+        stores.append(Store(o, e, is_row=is_row(e), across=is_column(e)))
     stores.extend(lw.store_writes)
     for st in stores:  # a row value stored over the whole domain (a saved broadcast) is a full store
         if st.is_row and st.target.numel == _numel(seg.domain):
             st.is_row = False
+        if st.across and st.target.numel == _numel(seg.domain):
+            raise Unsupported(f"{st.target.name}, a sum per column, stored over the whole domain")
     if family == "rows":
-        prog = Program(family, tuple(seg.domain), tuple(seg.reduced or ()), stores)
+        prog = Program(family, tuple(seg.domain), tuple(seg.reduced or ()), stores, across=tuple(seg.across or ()))
         _collect_loads(prog)
         if not any(s.is_row or has_reduce(s.expr) for s in stores):
             raise Unsupported("a row kernel with no reduction")
@@ -185,6 +201,30 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
         _collect_loads(prog)
         progs.append(prog)
     return progs
+
+
+def column_sums(prog: Program) -> list:
+    """The program's sums per column (``Reduce.across``), in first-use order."""
+    return [e for e in reductions_in_order(prog) if e.across]
+
+
+def columns_apart(prog: Program) -> list[Program]:
+    """A row program with sums per column as two programs: the rows, then the sums per
+    column as a reduction of their own over the ``across`` dims (a column reduction where
+    the rows are innermost), which reads their operands again. What runs where the row
+    kernel cannot take them (``geometry.NeedsColumnsApart``). Their arguments use no row
+    reduction (the segmenter's rule), so the two are independent."""
+    swap = _substitution({id(e): replace(e, across=False) for e in column_sums(prog)}, "sums per column run apart")
+    rows = [st for st in prog.stores if not st.across]
+    family = "rows" if any(st.is_row or has_reduce(st.expr) for st in rows) else "pointwise"
+    programs = [Program(family, prog.domain, prog.reduced if family == "rows" else (), rows),
+                Program("rows", prog.domain, prog.across,
+                        [Store(st.target, swap(st.expr), is_row=True) for st in prog.stores if st.across])]
+    for p in programs:
+        _collect_loads(p)
+    if any(ld.row for ld in programs[1].loads):
+        raise Unsupported("a sum per column reads a value per row unbroadcast")
+    return programs
 
 
 def alias_views(seg: Segment) -> list[Node]:
@@ -508,7 +548,7 @@ class _Lowering:
             dst = target
         elif not any(v is dst for v in self.seg.inputs):
             raise Unsupported(f"an in-place write into {dst.name}, which this segment computes (no tensor holds it)")
-        self.store_writes.append(Store(dst, e, is_row=is_row(e)))
+        self.store_writes.append(Store(dst, e, is_row=is_row(e), across=is_column(e)))
         self.env[id(out)] = e
         self.writes.add(id(out))
         self.write_targets[id(out)] = dst
@@ -519,9 +559,15 @@ class _Lowering:
         if node.op not in _SUPPORTED_REDUCTIONS:
             raise Unsupported(f"no row kernel for {node.op}")
         dims = tuple(sorted(node.args[1]))
-        if tuple(node.args[0].shape) != tuple(self.seg.domain) or dims != tuple(self.seg.reduced):
+        across = bool(self.seg.across) and dims == tuple(self.seg.across)
+        if tuple(node.args[0].shape) != tuple(self.seg.domain) or (dims != tuple(self.seg.reduced) and not across):
             raise Unsupported(f"{node.op} over {dims} of {tuple(node.args[0].shape)} is not the segment's row")
         arg = self.operand(node.args[0])
+        if across:
+            if has_reduce(arg):
+                raise Unsupported(f"{node.op} per column of a value computed from a row reduction")
+            self.env[id(node.outputs[0])] = Reduce(node.op, arg, node.outputs[0].dtype, across=True)
+            return
         corr = float(node.kwargs.get("correction", 0) or 0)
         if node.op == "var_mean":
             self.env[id(node.outputs[0])] = Reduce("var", arg, node.outputs[0].dtype, corr)
@@ -546,8 +592,8 @@ class _Lowering:
             if e.shifts:
                 raise Unsupported(f"{node.op} of a cat/pad piece")
             return Load(e.source, e.views + (node,), row=e.row and tuple(node.outputs[0].shape) in self.row_shapes)
-        if is_row(e):
-            # one number per row: any view that keeps the rows in their order (reshape,
+        if is_row(e) or is_column(e):
+            # one number per row (column): any view that keeps the rows in their order (reshape,
             # squeeze, broadcast_in_dim without reordering dims) is the same value; a
             # transpose of kept dims (or a slice) is not
             bdims = node.args[2] if node.op == "broadcast_in_dim" else ()
@@ -666,7 +712,7 @@ def render(e, load_name=None, typed: bool = False) -> str:
     if isinstance(e, Op):
         head = e.op
     elif isinstance(e, Reduce):
-        head = f"{e.op}[row]" + (f":{e.correction}" if typed else "")
+        head = f"{e.op}[{'column' if e.across else 'row'}]" + (f":{e.correction}" if typed else "")
     else:
         head = f"select{e.bounds}" + (f"@{e.dim}:{e.fill}" if typed else "")
     return f"{head}{':' + str(e.dtype) if typed else ''}({args})"

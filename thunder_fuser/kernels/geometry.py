@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from thunder_fuser.backends.reference import REFERENCE_IMPLS
-from thunder_fuser.kernels.expr import Load, Program, Unsupported, has_reduce, reductions_in_order
+from thunder_fuser.kernels.expr import Load, Program, Unsupported, column_sums, has_reduce, reductions_in_order
 
 MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
 ROW_THREADS = (32, 64, 128, 256, 512, 1024)
@@ -71,6 +71,16 @@ COLUMN_VAR_SPLITS_PER_SM = 2  # but a var's make at most this many splits per SM
 # bf16 [64, 256, 56, 56] took 0.070 ms with 1056 splits, 0.053 with 264 (H100,
 # scripts/column_probe.py). A sum's splits add cheaply: sum(0) over [262144, 256] bf16 took
 # 0.057 ms with 1056 splits and 0.071 with 264.
+# A row kernel that also sums per column (a norm backward's weight gradient,
+# ``expr.Reduce.across``) walks its rows grid-stride, each thread adding up the vectors of its
+# columns in fp32 registers: row_vectors x vector of them per sum, at most
+# COLUMN_SUM_REGISTERS in all (more go apart: ``NeedsColumnsApart``). Its grid is one wave of
+# ACROSS_THREADS_PER_SM threads per SM, a block count fixed before the kernel's registers are
+# known: an RMSNorm backward over 4096 bf16 (one sum) holds 128 registers per thread and a
+# layer norm's over 1024 (two sums) 194 (ptxas, sm_90a), so two or three blocks of 128 fit.
+# Each block writes one partial row into the workspace, which a second launch sums per column.
+COLUMN_SUM_REGISTERS = 64
+ACROSS_THREADS_PER_SM = 256
 # A pointwise operand whose fastest dim is not the output's (x + y.t()) is read element by
 # element along N, each element a sector of its own. Where it is contiguous along an outer
 # mode instead, a block stages a tile of STAGE_ROWS rows along that mode by STAGE_ROW_BYTES
@@ -114,6 +124,7 @@ class Geometry:
     row_threads: int = 0
     row_vectors: int = 0  # 0 with row_threads set: the row is too long for registers (looped passes)
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
+    across: bool = False  # a row kernel that also sums per column (``across_splits``)
     split_rows: bool = False  # a row reduction whose rows are split across blocks (``row_splits``)
     splits: tuple = ()  # columns and split rows: (splits, rows or vectors per split), for the launches'
     #                     workspace of partials (``column_splits``, ``row_splits``); not compiled in
@@ -153,6 +164,7 @@ class Geometry:
         return (
             len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors, self.split_rows,
             self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands), self.reuse, self.stage,
+            self.across,
             tuple(m and (m, self.bases[o.source].ndim) for m, o in zip(self.base_maps, self.operands)), self.map_ref,
         )
 
@@ -237,12 +249,54 @@ def _select_axes(prog: Program, ref: torch.Tensor, domain) -> tuple[int | None, 
     return inner, (outer[0] if outer else None)
 
 
+class NeedsColumnsApart(Unsupported):
+    """A row program with sums per column that the row kernel cannot take: its rows are not
+    innermost, split across blocks or too long for registers, or its sums would hold too many
+    registers. The sums run as a reduction of their own (``expr.columns_apart``)."""
+
+
 def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], iotas: dict | None = None,
                    sm_count: int = 132) -> Geometry:
     """``env`` maps ``id(Value)`` to the segment input tensors; ``store_tensors`` are the
     tensors each store writes (freshly allocated outputs, or the ``out`` of a write);
     ``iotas`` gives ``(start, step)`` of the loaded values a kernel may compute instead;
     ``sm_count`` the GPU's multiprocessors (an H100's without one), for splitting rows."""
+    if not prog.across:
+        return _build_geometry(prog, env, store_tensors, iotas, sm_count)
+    try:
+        geo = _build_geometry(prog, env, store_tensors, iotas, sm_count)
+    except Unsupported as e:  # any rewrite the rows need, they take apart from the sums
+        raise NeedsColumnsApart(f"its rows do not run as one row kernel: {e}") from e
+    if geo.columns or geo.split_rows or geo.looped:
+        what = "columns" if geo.columns else "split across blocks" if geo.split_rows else "too long for registers"
+        raise NeedsColumnsApart(f"its rows are {what}")
+    held = geo.row_vectors * geo.vector * len(column_sums(prog))
+    if held > COLUMN_SUM_REGISTERS:
+        raise NeedsColumnsApart(f"its sums per column would hold {held} fp32 registers per thread "
+                                f"(at most {COLUMN_SUM_REGISTERS})")
+    geo.across, geo.splits = True, across_splits(geo, sm_count)
+    return geo
+
+
+def row_block(geo: Geometry) -> tuple[int, int]:
+    """(threads, rows) of a row kernel's block: a block reduction serves one row; rows of a
+    warp or less share a block of 128 threads."""
+    threads = geo.row_threads if geo.row_threads > 32 else 128
+    return threads, threads // geo.row_threads
+
+
+def across_splits(geo: Geometry, sm_count: int) -> tuple[int, int]:
+    """(blocks, row blocks each walks) for a row kernel that sums per column: one wave of
+    ACROSS_THREADS_PER_SM threads per SM, each block one partial row of the workspace."""
+    threads, rows = row_block(geo)
+    row_blocks = -(-_numel(geo.outer) // rows)
+    blocks = max(1, min(row_blocks, sm_count * max(1, ACROSS_THREADS_PER_SM // threads)))
+    per = -(-row_blocks // blocks)
+    return -(-row_blocks // per), per
+
+
+def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], iotas: dict | None,
+                    sm_count: int) -> Geometry:
     iotas = iotas or {}
     domain = prog.domain
     if not _numel(domain):
@@ -274,10 +328,13 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
         load_view[id(ld)] = (v, base_index(base))
     store_views = []
     for st, t in zip(prog.stores, store_tensors):
-        v = _domain_view(t, domain, row_dims, st.is_row, st.target.name)
+        if st.across:  # one value per column: broadcast along the across dims
+            v = _domain_view(t, domain, set(prog.across), True, st.target.name)
+        else:
+            v = _domain_view(t, domain, row_dims, st.is_row, st.target.name)
         store_views.append((v, base_index(t)))
 
-    full_stores = [v for (v, _), st in zip(store_views, prog.stores) if not st.is_row]
+    full_stores = [v for (v, _), st in zip(store_views, prog.stores) if not st.is_row and not st.across]
     full_loads = [load_view[id(ld)][0] for ld in prog.loads if not ld.row]
     ref = full_stores[0] if full_stores else (full_loads or [next(iter(load_view.values()))[0]])[0]
     if ref.ndim != len(domain):

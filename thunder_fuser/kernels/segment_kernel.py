@@ -17,11 +17,12 @@ from thunder_fuser.backends import reference
 from thunder_fuser.kernels import cache
 from thunder_fuser.kernels.constants import find_iotas
 from thunder_fuser.kernels.expr import (
-    Program, Unsupported, alias_views, lower_segment, reduce_in_stages, reductions_in_order, render, split_at_reductions,
-    transpose_first,
+    Program, Unsupported, alias_views, column_sums, columns_apart, lower_segment, reduce_in_stages, reductions_in_order,
+    render, split_at_reductions, transpose_first,
 )
 from thunder_fuser.kernels.geometry import (
-    Geometry, NeedsSplit, NeedsStages, NeedsTranspose, aligned, build_geometry, column_state_offsets, views_for_call,
+    Geometry, NeedsColumnsApart, NeedsSplit, NeedsStages, NeedsTranspose, aligned, build_geometry, column_state_offsets,
+    views_for_call,
 )
 from thunder_fuser.layout import strides_for_order
 
@@ -58,6 +59,7 @@ class SegmentKernel:
         self.post_views = alias_views(seg)  # outputs that are views: made by torch after the launches
         self.orders = orders
         self.write_outs: list = []  # (node output value, dst value) pairs
+        self.columns_apart = ""  # why the segment's sums per column run apart from its rows (``columns_apart``)
 
     def prepare(self, env, device, compile_now: bool = True) -> None:
         """Lower, lay out and (unless ``compile_now`` is False: a member of a shared launch,
@@ -82,6 +84,10 @@ class SegmentKernel:
             part = pending.pop(0)
             try:
                 self._prepare_part(part, env, written, device)
+            except NeedsColumnsApart as e:
+                self.columns_apart = str(e)
+                rewritten(columns_apart(part.prog), (), ())
+                continue
             except NeedsSplit:
                 rewritten(split_at_reductions(part.prog), (), ())
                 continue
@@ -132,7 +138,10 @@ class SegmentKernel:
         fresh = {j for j, (from_store, i) in enumerate(refs) if from_store and part.allocs[i] is not None}
         # a fresh allocation is 256-byte aligned, so only its static offset could misalign it
         part.checks = tuple(c for c in geo.align_checks if c[0] not in fresh or c[1] % c[2])
-        if geo.splits:  # a workspace of partials per split: per reduction state, a column or a row each
+        if geo.across:  # a partial row per row slot of the grid, per sum
+            splits, part.per_split = geo.splits
+            part.workspace = (splits, len(column_sums(part.prog)) * geo.n)
+        elif geo.splits:  # a workspace of partials per split: per reduction state, a column or a row each
             states = max(1, column_state_offsets(reductions_in_order(part.prog))[-1])
             splits, part.per_split = geo.splits
             part.workspace = (splits, states * (geo.n if geo.columns else math.prod(geo.outer)))
@@ -331,4 +340,5 @@ def _program_text(prog: Program, geo: Geometry) -> str:
     def load_name(e) -> str:
         return f"load{geo.load_slot[id(e)]}" + "".join(f"<<{at}@{d}" for d, at in e.shifts)
 
-    return " | ".join(("row " if st.is_row else "") + render(st.expr, load_name, typed=True) for st in prog.stores)
+    return " | ".join(("row " if st.is_row else "column " if st.across else "") + render(st.expr, load_name, typed=True)
+                      for st in prog.stores)

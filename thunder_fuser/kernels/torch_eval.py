@@ -19,8 +19,10 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
     views = from_bases(geo, views)
     memo: dict[int, object] = {}
     ndim = len(geo.outer) + 1
-    # a row kernel reduces the last dim; a column kernel every dim but the last
+    # a row kernel reduces the last dim; a column kernel, and a row kernel's sums per
+    # column, every dim but the last
     reduced_dims = tuple(range(ndim - 1)) if geo.columns else (ndim - 1,)
+    column_dims = tuple(range(ndim - 1))
     domain_shape = views[geo.store_slot[0]].shape
 
     def axis_of(dim: int) -> int:
@@ -47,7 +49,7 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
             r = _conform(r, _Typed(e.dtype))
         elif isinstance(e, Reduce):
             x = torch.as_tensor(ev(e.arg)).expand(views[geo.store_slot[0]].shape)
-            dims = reduced_dims
+            dims = column_dims if e.across else reduced_dims
             if e.op in ("var", "mean"):
                 var, mean = torch.var_mean(x, dims, correction=e.correction, keepdim=True)
                 r = var if e.op == "var" else mean
@@ -68,8 +70,9 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
     for st, slot in zip(prog.stores, geo.store_slot):
         v = views[slot]
         r = torch.as_tensor(ev(st.expr), device=v.device).expand(v.shape)
-        if st.is_row:  # one number per row (column): the view repeats it along the reduced dims
-            one = tuple(slice(0, 1) if d in reduced_dims else slice(None) for d in range(ndim))
+        if st.is_row or st.across:  # one number per row (column): the view repeats it along the reduced dims
+            dims = column_dims if st.across else reduced_dims
+            one = tuple(slice(0, 1) if d in dims else slice(None) for d in range(ndim))
             v, r = v[one], r[one]
         v.copy_(r)
 

@@ -32,9 +32,13 @@ class Segment:
     domain: tuple[int, ...]
     nodes: list[Node] = field(default_factory=list)
     reduced: tuple[int, ...] | None = None
+    # the complementary dims of sums taken per column beside the rows (a norm backward's
+    # weight gradient beside its input gradient): ``_joins_per_column``
+    across: tuple[int, ...] | None = None
     inputs: list[Value] = field(default_factory=list)
     outputs: list[Value] = field(default_factory=list)
     reduced_values: set = field(default_factory=set)
+    column_values: set = field(default_factory=set)  # ids of the per-column sums and what only they make
     split_reason: str | None = None  # why this segment did not join the one before
     reads: set = field(default_factory=set)  # ids of every value its nodes read
     # ids of outputs that are views but are stored by the kernel all the same (a plan's
@@ -43,8 +47,9 @@ class Segment:
 
     def describe(self) -> str:
         if self.kind in ("reduction", "normalization") and self.reduced is not None:
-            op = next((n.op for n in self.nodes if seg_kind(n) == "reduction"), "reduction")
-            return f"{self.kind}: {op} over dims {self.reduced}"
+            op = next((n.op for n in self.nodes if _row_reduction(self, n)), "reduction")
+            per_column = f", sum over dims {self.across} per column" if self.across else ""
+            return f"{self.kind}: {op} over dims {self.reduced}{per_column}"
         return self.kind
 
 
@@ -63,9 +68,13 @@ def _keepdim_shape(domain, dims) -> tuple[int, ...]:
     return tuple(1 if i in dims else s for i, s in enumerate(domain))
 
 
+def _row_reduction(seg: Segment, node: Node) -> bool:
+    return seg_kind(node) == "reduction" and not (seg.across and reduction_dims(node) == seg.across)
+
+
 def _what(seg: Segment) -> str:
     if seg.kind in ("reduction", "normalization"):
-        op = next(n.op for n in seg.nodes if seg_kind(n) == "reduction")
+        op = next(n.op for n in seg.nodes if _row_reduction(seg, n))
         return f"{op} over {seg.reduced}"
     return f"the {seg.kind} ops over {seg.domain}"
 
@@ -83,11 +92,48 @@ def _node_what(node: Node, dom) -> str:
 _STRIDED_VIEWS = ("broadcast_in_dim", "shallow_copy", "transpose", "squeeze")
 
 
+# the reductions a row kernel also takes per column: each thread adds up its own columns
+# over the rows it walks (sum only: a weight or bias gradient)
+PER_COLUMN_OPS = ("sum",)
+
+
+def _joins_per_column(seg: Segment, node: Node, k: str, dom: tuple[int, ...]) -> bool:
+    """Does ``node`` join ``seg`` as a sum per column, or as an op over those sums only?
+
+    A norm backward reduces over each row (the input gradient) and over the rows (the
+    weight gradient, ``sum(grad * x_hat, 0)``) from the same operands. Two kernels read
+    them twice; Inductor's one kernel reads them once, its threads keeping partial column
+    sums of the rows they walk. A sum over exactly the dims the row reduction keeps, over
+    the same domain, joins when its argument uses none of the row reductions (the row
+    kernel has every column of a row at once, but a row's statistics only after it), and so
+    do ops over such sums alone, per column (a cast of the gradient). The segment's rows
+    must end at the last dim, as a layer's rows do in the default layout (a column sum
+    met first keeps a segment of its own: its rows would join it as sums per column).
+    Which dims are along memory is up to the layout: the kernel takes the sums per column
+    only where the rows are innermost (``kernels.expr.columns_apart`` splits them
+    otherwise)."""
+    if seg.kind not in ("reduction", "normalization") or not seg.reduced or len(seg.domain) - 1 not in seg.reduced:
+        return False
+    if k == "reduction":
+        rd = reduction_dims(node)
+        return (node.op in PER_COLUMN_OPS and seg.domain == dom and seg.across in (None, rd)
+                and set(rd) | set(seg.reduced) == set(range(len(dom))) and not set(rd) & set(seg.reduced)
+                and not any(id(v) in seg.reduced_values for v in node.inputs()))
+    tensors = [v for v in node.inputs() if v.is_tensor]
+    return (bool(seg.across) and k in ("pointwise", "view") and bool(tensors)
+            and dom in (_reduced_shape(seg.domain, seg.across), _keepdim_shape(seg.domain, seg.across))
+            and all(id(v) in seg.column_values for v in tensors))
+
+
 def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent: bool) -> str | None:
     """None when ``node`` (of family ``k``) can join ``seg`` under one kernel template, else
     the reason. ``dependent``: ``seg`` produces one of ``node``'s inputs."""
     if seg.kind in ("alias", "reference"):
         return f"segment {seg.index} is a memory barrier ({seg.kind})"
+    if _joins_per_column(seg, node, k, dom):
+        return None
+    if any(id(v) in seg.column_values for v in node.inputs()):
+        return f"{node.op} reads the sums per column of {_what(seg)} with other values"
     if not dependent:
         # horizontal fusion: same kind, same iteration space
         if k == "reduction":
@@ -222,7 +268,11 @@ def segment_region(region: Region) -> list[Segment]:
 
 def _add(seg: Segment, node: Node, d) -> None:
     k = seg_kind(node)
-    if k == "reduction":
+    if seg.kind in ("reduction", "normalization") and _joins_per_column(seg, node, k, d):
+        if k == "reduction":
+            seg.across = reduction_dims(node)
+        seg.column_values.update(id(o) for o in node.outputs)
+    elif k == "reduction":
         if seg.kind == "pointwise":
             seg.kind, seg.reduced = "reduction", reduction_dims(node)
         elif any(id(v) in seg.reduced_values for v in node.inputs()):
