@@ -195,6 +195,7 @@ APART = "takes its sums per column in a reduction of their own after its rows"
     ((4099, 1024), torch.float16, IN_THE_ROW_KERNEL),  # several row blocks per block, the last one ragged
     ((8, 1024, 1024), torch.bfloat16, IN_THE_ROW_KERNEL),  # a transformer block's layer norm backward
     ((16384, 4096), torch.bfloat16, IN_THE_ROW_KERNEL),  # an RMSNorm's, 4096 wide
+    ((4096, 4096), torch.bfloat16, IN_THE_ROW_KERNEL),  # square: the weight has a row statistic's shape
     ((300, 16384), torch.bfloat16, APART),  # too many registers for the two sums
     ((96, 64), torch.float32, APART + " (its rows do not run as one row kernel"),  # rows strided (transposed)
 ])

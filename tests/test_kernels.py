@@ -438,6 +438,19 @@ def test_sums_per_column_run_in_the_row_kernel_or_apart(shape, dtype, expect, to
         assert [(p.prog.family, p.geo.across) for p in parts][-1] == ("rows", False) and len(parts) >= 2
 
 
+@pytest.mark.parametrize("name", ["layer norm of an fp32 copy, weight cast", "norm backward"])
+def test_a_square_domain_tells_a_weight_from_a_row_statistic(name, torch_kernels):
+    """Where the rows are as long as there are rows, a weight ([n]) has the shape of a value
+    per row. A cast of one, broadcast along the rows, was lowered as a value per row
+    (a wrong result, 13 off, before session 17): an op over inputs alone is pushed to its
+    loads, whose broadcast says what each is."""
+    x, w = _r(64, 64, dtype=torch.bfloat16), _r(64, dtype=torch.bfloat16)
+    if name == "norm backward":
+        check_vs_float64(norm_backward, *norm_backward_args((64, 64), torch.bfloat16))
+    else:
+        check_vs_eager(lambda x, w: torch.nn.functional.layer_norm(x.float(), (64,), w.float()).to(x.dtype), x, w)
+
+
 def test_sums_per_column_run_apart_where_the_rows_are_not_innermost(torch_kernels):
     jfn = check_norm_backward((64, 96), torch.float32, "cpu", APART + " (its rows do not run as one row kernel: a column reduction", transposed=True)
     assert not any(part.geo.across for _, k in _kernels(jfn) for part in k.parts)

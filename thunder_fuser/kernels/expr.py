@@ -592,16 +592,20 @@ class _Lowering:
             if e.shifts:
                 raise Unsupported(f"{node.op} of a cat/pad piece")
             return Load(e.source, e.views + (node,), row=e.row and tuple(node.outputs[0].shape) in self.row_shapes)
-        if is_row(e) or is_column(e):
+        if (is_row(e) or is_column(e)) and has_reduce(e):
             # one number per row (column): any view that keeps the rows in their order (reshape,
-            # squeeze, broadcast_in_dim without reordering dims) is the same value; a
-            # transpose of kept dims (or a slice) is not
+            # squeeze, broadcast_in_dim without reordering dims, each extent onto a kept dim)
+            # is the same value; a transpose of kept dims (or a slice) is not, nor a broadcast
+            # along the rows (of a square domain: its reduced shape is a column's too)
             bdims = node.args[2] if node.op == "broadcast_in_dim" else ()
             if node.op in ("reshape", "squeeze", "shallow_copy") or (
-                node.op == "broadcast_in_dim" and list(bdims) == sorted(bdims)
+                node.op == "broadcast_in_dim" and list(bdims) == sorted(bdims) and self.keeps_rows(node, is_row(e))
             ):
                 return e
             raise Unsupported(f"{node.op} of a reduction result")
+        # an op over inputs of a row's shape, without a reduction (a weight's cast has that
+        # shape too where the domain is square): pushed to its loads like any op, whose
+        # views then say whether each is one value per row
         if isinstance(e, Op):
             return Op(e.op, tuple(self.view(a, node) for a in e.args), e.dtype)
         if isinstance(e, Reshaped) and node.op == "reshape":
@@ -611,6 +615,13 @@ class _Lowering:
             new = _dim_through_reshape(before, after, e.dim)
             return Reshaped(e, before) if new is None else self.reshape_select(e, new, after)
         raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")
+
+    def keeps_rows(self, node: Node, rows: bool) -> bool:
+        """Does broadcast_in_dim ``node`` put each extent of its input onto a kept dim: the
+        rows' (``rows``), or the columns' of the sums per column?"""
+        reduced = set(self.seg.reduced if rows else self.seg.across)
+        shape, bdims = node.args[0].shape, node.args[2]
+        return all(d not in reduced for s, d in zip(shape, bdims) if s != 1)
 
     def reshape_select(self, e: Select, new: int, after: tuple) -> Select:
         """A reshape to ``after`` of a cat/pad result that keeps its dim whole, as dim ``new``
