@@ -1,7 +1,8 @@
 """Norm backwards whose weight and bias gradients (sums over the rows) ride in the row kernel
 of the input gradient (dev aid; GPU machine): ms for eager, torch.compile and thunder+fuser
 with the sums apart (session 16: a second kernel reads the operands again) and in the row
-kernel at several blocks per SM (``geometry.ACROSS_THREADS_PER_SM``), the default last. The
+kernel at 256, 384 and 512 threads per SM (``geometry.ACROSS_THREADS_PER_SM``), the default
+last. The
 backwards are written out (``thunder.jit`` and ``torch.compile`` see the same program, no
 autograd); ``ops_profile.py "rmsnorm fwd+bwd"`` times the autograd one."""
 import torch
@@ -51,8 +52,9 @@ CASES = {
 
 VARIANTS = {
     "apart": {(geometry, "COLUMN_SUM_REGISTERS"): 0},
-    "512/SM": {(geometry, "ACROSS_THREADS_PER_SM"): 512},
-    "384/SM": {(geometry, "ACROSS_THREADS_PER_SM"): 384},
+    "256/SM": {(geometry, "ACROSS_THREADS_PER_SM"): {64: 256}},
+    "384/SM": {(geometry, "ACROSS_THREADS_PER_SM"): {64: 384}},
+    "512/SM": {(geometry, "ACROSS_THREADS_PER_SM"): {64: 512}},
     "default": {},
 }
 

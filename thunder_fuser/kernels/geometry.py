@@ -74,13 +74,18 @@ COLUMN_VAR_SPLITS_PER_SM = 2  # but a var's make at most this many splits per SM
 # A row kernel that also sums per column (a norm backward's weight gradient,
 # ``expr.Reduce.across``) walks its rows grid-stride, each thread adding up the vectors of its
 # columns in fp32 registers: row_vectors x vector of them per sum, at most
-# COLUMN_SUM_REGISTERS in all (more go apart: ``NeedsColumnsApart``). Its grid is one wave of
-# ACROSS_THREADS_PER_SM threads per SM, a block count fixed before the kernel's registers are
-# known: an RMSNorm backward over 4096 bf16 (one sum) holds 128 registers per thread and a
-# layer norm's over 1024 (two sums) 194 (ptxas, sm_90a), so two or three blocks of 128 fit.
-# Each block writes one partial row into the workspace, which a second launch sums per column.
+# COLUMN_SUM_REGISTERS in all (more go apart: ``NeedsColumnsApart``). Its grid is one wave,
+# a block count fixed before the kernel's registers are known: ACROSS_THREADS_PER_SM threads
+# per SM, by the registers its sums hold. An RMSNorm backward over 4096 bf16 (one sum, 32
+# registers of it) holds 128 registers per thread and a layer norm's over 1024 (two sums, 64)
+# 194 (ptxas, sm_90a): three blocks of 128 fit, then two. More blocks than fit run as a
+# second wave: H100, scripts/column_sums_probe.py, ms at 256 / 384 / 512 threads per SM: the
+# RMSNorm backward [16384, 4096] bf16 0.175 / 0.166 / 0.189 (torch.compile 0.168, the sums
+# apart 0.236); layer norm backwards [32768, 4096] 0.393 / 0.468 / 0.416 (1.02, apart 0.449)
+# and [8, 1024, 1024] 0.034 / 0.043 / 0.039 (0.053, apart 0.036). Each block writes one
+# partial row into the workspace, which a second launch sums per column.
 COLUMN_SUM_REGISTERS = 64
-ACROSS_THREADS_PER_SM = 256
+ACROSS_THREADS_PER_SM = {32: 384, 64: 256}  # the registers the sums hold (at most) -> threads per SM
 # A pointwise operand whose fastest dim is not the output's (x + y.t()) is read element by
 # element along N, each element a sector of its own. Where it is contiguous along an outer
 # mode instead, a block stages a tile of STAGE_ROWS rows along that mode by STAGE_ROW_BYTES
@@ -274,7 +279,7 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
     if held > COLUMN_SUM_REGISTERS:
         raise NeedsColumnsApart(f"its sums per column would hold {held} fp32 registers per thread "
                                 f"(at most {COLUMN_SUM_REGISTERS})")
-    geo.across, geo.splits = True, across_splits(geo, sm_count)
+    geo.across, geo.splits = True, across_splits(geo, sm_count, held)
     return geo
 
 
@@ -285,12 +290,14 @@ def row_block(geo: Geometry) -> tuple[int, int]:
     return threads, threads // geo.row_threads
 
 
-def across_splits(geo: Geometry, sm_count: int) -> tuple[int, int]:
-    """(blocks, row blocks each walks) for a row kernel that sums per column: one wave of
-    ACROSS_THREADS_PER_SM threads per SM, each block one partial row of the workspace."""
+def across_splits(geo: Geometry, sm_count: int, held: int) -> tuple[int, int]:
+    """(blocks, row blocks each walks) for a row kernel whose sums per column hold ``held``
+    registers per thread: one wave of ACROSS_THREADS_PER_SM threads per SM, each block one
+    partial row of the workspace."""
     threads, rows = row_block(geo)
     row_blocks = -(-_numel(geo.outer) // rows)
-    blocks = max(1, min(row_blocks, sm_count * max(1, ACROSS_THREADS_PER_SM // threads)))
+    per_sm = next(t for most, t in sorted(ACROSS_THREADS_PER_SM.items()) if held <= most)
+    blocks = max(1, min(row_blocks, sm_count * max(1, per_sm // threads)))
     per = -(-row_blocks // blocks)
     return -(-row_blocks // per), per
 
