@@ -119,23 +119,22 @@ class Program:
 def is_row(e) -> bool:
     """One value per row (per kept position): a reduction, a row-shaped input, or an op
     over only those."""
-    if isinstance(e, Reduce):
-        return not e.across
-    if isinstance(e, Load):
-        return e.row
-    if isinstance(e, Op):
-        tensors = [a for a in e.args if not _is_number(a)]
-        return bool(tensors) and all(is_row(a) for a in tensors)
-    return False
+    return _one_per(e, columns=False)
 
 
 def is_column(e) -> bool:
     """One value per column: a sum per column, or an op over only those (and numbers)."""
+    return _one_per(e, columns=True)
+
+
+def _one_per(e, columns: bool) -> bool:
     if isinstance(e, Reduce):
-        return e.across
+        return e.across == columns
+    if isinstance(e, Load):
+        return e.row and not columns
     if isinstance(e, Op):
         tensors = [a for a in e.args if not _is_number(a)]
-        return bool(tensors) and all(is_column(a) for a in tensors)
+        return bool(tensors) and all(_one_per(a, columns) for a in tensors)
     return False
 
 
