@@ -72,7 +72,7 @@ COLUMN_VAR_SPLITS_PER_SM = 2  # but a var's make at most this many splits per SM
 # scripts/column_probe.py). A sum's splits add cheaply: sum(0) over [262144, 256] bf16 took
 # 0.057 ms with 1056 splits and 0.071 with 264.
 # A row kernel that also sums per column (a norm backward's weight gradient,
-# ``expr.Reduce.across``) walks its rows grid-stride, each thread adding up the vectors of its
+# ``expr.Reduce.across``) walks its rows in one wave of blocks, each thread adding up the vectors of its
 # columns in fp32 registers: row_vectors x vector of them per sum, at most
 # COLUMN_SUM_REGISTERS in all (more go apart: ``NeedsColumnsApart``). Its grid is one wave,
 # a block count fixed before the kernel's registers are known: ACROSS_THREADS_PER_SM threads
@@ -131,8 +131,9 @@ class Geometry:
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
     across: bool = False  # a row kernel that also sums per column (``across_splits``)
     split_rows: bool = False  # a row reduction whose rows are split across blocks (``row_splits``)
-    splits: tuple = ()  # columns and split rows: (splits, rows or vectors per split), for the launches'
-    #                     workspace of partials (``column_splits``, ``row_splits``); not compiled in
+    splits: tuple = ()  # columns, split rows and sums per column: (splits, rows, vectors or row blocks
+    #                     per split), for the launches' workspace of partials (``column_splits``,
+    #                     ``row_splits``, ``across_splits``); not compiled in
     col_vectors: int = 0  # column vectors per block (columns only)
     outer_select_dim: int | None = None  # the domain dim of a cat/pad along the outermost outer
     #                                      mode (pieces picked per row); a select along any other

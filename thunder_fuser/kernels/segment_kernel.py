@@ -138,7 +138,7 @@ class SegmentKernel:
         fresh = {j for j, (from_store, i) in enumerate(refs) if from_store and part.allocs[i] is not None}
         # a fresh allocation is 256-byte aligned, so only its static offset could misalign it
         part.checks = tuple(c for c in geo.align_checks if c[0] not in fresh or c[1] % c[2])
-        if geo.across:  # a partial row per row slot of the grid, per sum
+        if geo.across:  # a partial row per block of the one wave, per sum
             splits, part.per_split = geo.splits
             part.workspace = (splits, len(column_sums(part.prog)) * geo.n)
         elif geo.splits:  # a workspace of partials per split: per reduction state, a column or a row each
