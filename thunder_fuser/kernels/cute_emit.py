@@ -1082,6 +1082,7 @@ def rows_with_column_sums(prog: Program, geo: Geometry, body, ref_slot: int, n_r
     T, rows_per_block = row_block(geo)
     rank = len(geo.outer) + 1
     sums = column_sums(prog)
+    offsets = column_state_offsets(sums)  # each sum's block of N in the workspace's rows
 
     def add_row_slots(accs, slot, rt):
         """Every row slot's sums added into each thread's ``accs`` (one flat list), through
@@ -1116,15 +1117,15 @@ def rows_with_column_sums(prog: Program, geo: Geometry, body, ref_slot: int, n_r
         _for_range(bx * per, cutlass.min(row_blocks, bx * per + per), 1, step)
         if rows_per_block > 1:  # _shared_accumulators allocated nothing (rows of a warp or less)
             add_row_slots([acc for accs in column_accs for acc in accs], slot, rt)
-        for i, accs_of_sum in enumerate(column_accs):
+        for offset, accs_of_sum in zip(offsets, column_accs):
             for c, acc in enumerate(accs_of_sum):
                 j = rt + c * Tr
-                _scatter_if(acc, ws, bx, i * N + j * V, i * N + N, (slot == 0) & (j < N // V), V)
+                _scatter_if(acc, ws, bx, offset * N + j * V, offset * N + N, (slot == 0) & (j < N // V), V)
 
     per_column = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if st.across]
 
     def finalize_body(t2s, ws, M, N, per, c, lane):
-        _finalize_column(per_column, geo, sums, list(range(len(sums) + 1)), t2s, ws, M, N, per, c, lane)
+        _finalize_column(per_column, geo, sums, offsets, t2s, ws, M, N, per, c, lane)
 
     return _partials_then_finalize(
         geo, rank, ref_slot, T, partial_body, finalize_body,

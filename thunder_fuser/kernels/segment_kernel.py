@@ -40,7 +40,8 @@ class _Part:
         self.base_refs: list = []  # per geometry base: (True, store index) or (False, value id)
         self.store_recipe: list = []  # per store: (value id, allocation or None), read per call
         self.checks: tuple = ()  # the geometry's alignment checks of bases this call does not allocate
-        self.workspace: tuple | None = None  # column reductions, split rows: (splits, width) of the fp32 partials
+        self.workspace: tuple | None = None  # column reductions, split rows, sums per column: (splits, width) of
+        #                                      the fp32 partials
         self.per_split = 0  # rows per split of a column reduction, vectors per split of a split row
 
     def extra_args(self, device) -> tuple:
@@ -138,13 +139,12 @@ class SegmentKernel:
         fresh = {j for j, (from_store, i) in enumerate(refs) if from_store and part.allocs[i] is not None}
         # a fresh allocation is 256-byte aligned, so only its static offset could misalign it
         part.checks = tuple(c for c in geo.align_checks if c[0] not in fresh or c[1] % c[2])
-        if geo.across:  # a partial row per block of the one wave, per sum
+        if geo.splits:  # a workspace of partials per split: per reduction state, a column or a row each
+            # (a row kernel's sums per column: a partial row per block, per sum)
+            reduces = column_sums(part.prog) if geo.across else reductions_in_order(part.prog)
+            states = max(1, column_state_offsets(reduces)[-1])
             splits, part.per_split = geo.splits
-            part.workspace = (splits, len(column_sums(part.prog)) * geo.n)
-        elif geo.splits:  # a workspace of partials per split: per reduction state, a column or a row each
-            states = max(1, column_state_offsets(reductions_in_order(part.prog))[-1])
-            splits, part.per_split = geo.splits
-            part.workspace = (splits, states * (geo.n if geo.columns else math.prod(geo.outer)))
+            part.workspace = (splits, states * (geo.n if geo.columns or geo.across else math.prod(geo.outer)))
         for st, t in zip(part.prog.stores, stores):
             env[id(st.target)] = t
 
