@@ -902,8 +902,8 @@ def build_rows(prog: Program, geo: Geometry):
     """Row reductions: ``row_threads`` threads per row, the row in registers
     (``row_vectors`` vectors per thread) or, for a row too long for registers, re-read from
     global memory once per reduction and once for the stores (``row_vectors == 0``).
-    With sums per column (``geo.across``) the rows held in registers are walked grid-stride
-    instead, in two launches (``rows_with_column_sums``)."""
+    With sums per column (``geo.across``) one wave of blocks walks the rows held in
+    registers instead, in two launches (``rows_with_column_sums``)."""
     V, K, Tr = geo.vector, geo.row_vectors, geo.row_threads
     T, rows_per_block = row_block(geo)
     warps = T // 32
@@ -1196,9 +1196,10 @@ def _shared_accumulators(Tr, warps, count):
 
 
 def _count_reductions(prog: Program) -> int:
-    """Shared-memory buffers a row kernel needs: two block reductions per reduction (var is
-    a sum, then a sum of squared deviations), plus one."""
-    found = sum(isinstance(e, Reduce) for e in subexpressions(st.expr for st in prog.stores))
+    """Shared-memory buffers a row kernel needs: two block reductions per reduction over the
+    rows (var is a sum, then a sum of squared deviations), plus one. A sum per column takes
+    none: each thread keeps its own columns."""
+    found = sum(isinstance(e, Reduce) and not e.across for e in subexpressions(st.expr for st in prog.stores))
     return 2 * found + 1
 
 
