@@ -329,6 +329,18 @@ def test_rows_too_long_for_registers(dtype):
     reduce_without_fallback(lambda x: (x.sum(-1), x.amax(-1), x.var(-1)), x)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_looped_rows_with_cache_hints(dtype):
+    """Rows of 128 KiB and more: the last pass's loads of the row are marked last use and its
+    stores stream (``geometry.LOOP_LAST_USE_BYTES``), the weight's and bias's loads not."""
+    n = 65536
+    x, w, b = _randn(80, n, dtype=dtype), _randn(n, dtype=dtype), _randn(n, dtype=dtype)
+    for fn, args in ((layernorm, (x, w, b)), (softmax, (x,)), (lambda x: torch.log_softmax(x.float(), -1), (x,))):
+        jfn, _ = run_without_fallback(fn, *args)
+        assert [part.geo.last_use for p in plans(thunder.last_traces(jfn)[-1]) for k in p.kernels.values() if k
+                for part in k.parts] == [True]
+
+
 def _looped_rows(jfn) -> list:
     """Per row program of ``jfn``: whether its rows loop (too long for registers, not split)."""
     return [part.geo.looped for p in plans(thunder.last_traces(jfn)[-1]) for k in p.kernels.values() if k for part in k.parts]

@@ -647,6 +647,7 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         from thunder_fuser.kernels.cute_emit import STREAM_UNROLL
 
         assert ptx.count("ld.global.v4") == 2 * STREAM_UNROLL, ptx.count("ld.global.v4")
+        assert ptx.count("st.global.cs.v4") == 2 * STREAM_UNROLL  # its last pass's fp32 stores stream
     if name.startswith("pointwise staged"):  # scalar reads along the operand's rows, 128-bit stores
         assert "st.shared" in ptx and "bar.sync" in ptx and "st.global.v4" in ptx, ptx
     if name.startswith("pointwise gather"):
@@ -654,6 +655,29 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
     if name.startswith("pointwise, broadcast"):  # per row: q, two rotate-half pieces, and half of cos and sin
         assert ptx.count("ld.global.v4") < 5 * ptx.count("st.global.v4"), ptx.count("ld.global.v4")
     assert list((tmp_path / "cache").rglob("*.o")), "the compiled kernel is exported to the disk cache"
+
+
+def test_a_looped_rows_last_pass_streams_its_stores_and_marks_its_last_reads(ptx_compile):
+    """A row too long for registers is re-read by its last pass, which stores the results:
+    those stores stream (st.global.cs), and from ``geometry.LOOP_LAST_USE_BYTES`` of row on
+    its reads of the row are marked last use (ld.global.lu), but never those of an operand
+    every row reads (the weight), so that the L2 keeps the rows other blocks have yet to
+    re-read. The other passes load plainly."""
+    from thunder_fuser.kernels import geometry
+    from thunder_fuser.kernels.cute_emit import STREAM_UNROLL
+
+    def ptx(n):
+        fn = lambda x, w: torch.nn.functional.layer_norm(x, (n,), w)
+        (part,) = planned_parts(fn, (_r(80, n, dtype=torch.bfloat16), _r(n, dtype=torch.bfloat16)))
+        assert part.geo.looped and part.geo.last_use == (2 * n >= geometry.LOOP_LAST_USE_BYTES)
+        return _ptx(segment_kernel.compile_program(part.prog, part.geo, None))
+
+    long, short = ptx(geometry.LOOP_LAST_USE_BYTES // 2), ptx(30000)  # rows of 128 and 59 KiB
+    # the mean's, the var's and the last pass's loads of x, and the weight's in the last pass
+    assert long.count("ld.global.lu.v4") == STREAM_UNROLL and long.count("ld.global.v4") == 3 * STREAM_UNROLL
+    assert short.count("ld.global.lu") == 0 and short.count("ld.global.v4") == 4 * STREAM_UNROLL
+    for text in (long, short):
+        assert text.count("st.global.cs.v4") == STREAM_UNROLL and "st.global.v4" not in text
 
 
 def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(ptx_compile):

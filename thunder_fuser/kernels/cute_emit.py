@@ -62,6 +62,9 @@ STREAM_UNROLL = 4  # vectors a thread loads per step of a loop along a row (a sp
 #                   load in flight
 ONLINE_SOFTMAX = True  # rows too long for registers take a softmax's max and sum in one pass
 #                        (``expr.softmax_sums``); False only to measure the two passes beside it
+CACHE_HINTS = ("load", "store")  # a looped row's last pass: its stores stream (st.global.cs), and its
+#                                   loads are the row's last use (ld.global.lu) where ``geo.last_use``
+#                                   (geometry.LOOP_LAST_USE_BYTES); fewer only to measure without them
 POINTWISE_THREADS = 128  # 128-1024 measured within noise of each other (H100, scripts/pointwise_probe.py)
 
 
@@ -327,9 +330,24 @@ class Evaluator:
 # ---- run-time branches (the DSL rewrites control flow only in jit functions) -----------
 
 @cute.jit
-def _copy_if(src: cute.Tensor, dst: cute.Tensor, pred: cutlass.Boolean):
+def _copy_if(src: cute.Tensor, dst: cute.Tensor, pred: cutlass.Boolean, hint: cutlass.Constexpr = None):
+    """One vector between registers and global memory where ``pred``. ``hint`` (CACHE_HINTS):
+    "store" streams it (st.global.cs), "load" marks it the line's last use (ld.global.lu);
+    the L2 evicts such lines first. Whole 16-byte accesses of floats only (``_hinted``)."""
     if pred:
-        cute.autovec_copy(src, dst)
+        if cutlass.const_expr(hint is None):
+            cute.autovec_copy(src, dst)
+        else:
+            if cutlass.const_expr(hint == "store"):
+                t = src.element_type
+                atom = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), t, num_bits_per_copy=128,
+                                           store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
+            else:
+                t = dst.element_type
+                atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), t, num_bits_per_copy=128,
+                                           load_cache_mode=cute.nvgpu.LoadCacheMode.LAST_USE)
+            n = 128 // t.width
+            cute.copy(atom, cute.logical_divide(cute.coalesce(src), n), cute.logical_divide(cute.coalesce(dst), n))
 
 
 @cute.jit
@@ -543,7 +561,7 @@ def _iota_value(o, idx, k: int = 0):
     return cute_dtype(o.dtype)(idx + (start + step * (off + k)))
 
 
-def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False):
+def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None):
     """Vector ``j`` of row ``m`` of operand ``o``: one access (stride 1), one element for all
     (stride 0) or ``V`` accesses; zeros where ``pred`` is false. ``tail``: ``N`` may end
     inside the vector (1-D pointwise only). An iota operand is computed, not loaded."""
@@ -568,7 +586,8 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False):
         return frag.load()
     frag.fill(0)
     if mode == "vec" and not tail:
-        _copy_if(tv[(None, (m, j))], frag, pred)
+        row_wise = any(s != 0 for s in o.stride[:-1])  # not an operand every row reads (a weight)
+        _copy_if(tv[(None, (m, j))], frag, pred, _hinted(hint, frag) if row_wise else None)
     elif mode == "vec":
         _move_if_full(frag, tv[(None, (m, j))], t2, m, j * V, N, pred, V, False)
     else:
@@ -576,16 +595,22 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False):
     return frag.load()
 
 
-def _store_vector(val, o, t2, tv, m, j, V, N, pred, tail=False):
+def _store_vector(val, o, t2, tv, m, j, V, N, pred, tail=False, hint=None):
     frag = _frag((1, V), o.dtype)
     frag.store(_vector(val, V, o.dtype))
     mode = _mode(o, V)
     if mode == "vec" and not tail:
-        _copy_if(frag, tv[(None, (m, j))], pred)
+        _copy_if(frag, tv[(None, (m, j))], pred, _hinted(hint, frag))
     elif mode == "vec":
         _move_if_full(frag, tv[(None, (m, j))], t2, m, j * V, N, pred, V, True)
     else:
         _scatter_if(frag, t2, m, j * V, N, pred, V)
+
+
+def _hinted(hint, frag):
+    """``hint`` where a vector is whole 16-byte accesses of floats, which the hinted copy moves."""
+    t = frag.element_type
+    return hint if t in (cutlass.Float32, cutlass.Float16, cutlass.BFloat16) and (cute.size(frag) * t.width) % 128 == 0 else None
 
 
 def _no_select(e, pieces):
@@ -607,14 +632,14 @@ def _row_evaluator(geo: Geometry, t2s, m, n, pred, row_value) -> "Evaluator":
     return Evaluator(load, row_value, _no_select)
 
 
-def _vector_evaluator(geo: Geometry, t2s, tvs, m, j, N, pred, row_value) -> "Evaluator":
+def _vector_evaluator(geo: Geometry, t2s, tvs, m, j, N, pred, row_value, hint=None) -> "Evaluator":
     """An evaluator for vector ``j`` of row ``m`` that reads each operand once."""
     loaded = {}
 
     def load(ld: Load):
         slot = geo.load_slot[id(ld)]
         if slot not in loaded:
-            loaded[slot] = _load_vector(geo.operands[slot], t2s[slot], tvs[slot], m, j, geo.vector, N, pred)
+            loaded[slot] = _load_vector(geo.operands[slot], t2s[slot], tvs[slot], m, j, geo.vector, N, pred, hint=hint)
         return loaded[slot]
 
     return Evaluator(load, row_value, _no_select)
@@ -974,9 +999,9 @@ def build_rows(prog: Program, geo: Geometry):
         acc_iter = iter(accs)
         values: dict = {}
 
-        def batch(j, roots):
+        def batch(j, roots, hint=None):
             return _loaded_batch(geo, t2s, tvs, m, j, (0, Tr), row_ok, nvec, N, _streamed_loads(roots),
-                                 lambda e: values[id(e)])
+                                 lambda e: values[id(e)], hint)
 
         def reduce_pass(op, arg, center):
             acc = _frag((1, V), torch.float32)
@@ -1037,11 +1062,13 @@ def build_rows(prog: Program, geo: Geometry):
             values[id(s)] = _result(total * cute.math.exp(row_shift - c), s.dtype)
         _store_row_values(prog, geo, t2s, m, row_ok & (rt == 0), lambda e: values[id(e)])
         full = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if not st.is_row]
+        load_hint = "load" if geo.last_use and "load" in CACHE_HINTS else None
+        store_hint = "store" if "store" in CACHE_HINTS else None
 
-        def store_step(j):
-            for ev, _, jj, pred in batch(j, [st.expr for st, _ in full]):
+        def store_step(j):  # the row's last read, and stores no one reads here: neither should stay in L2
+            for ev, _, jj, pred in batch(j, [st.expr for st, _ in full], load_hint):
                 for st, slot in full:
-                    _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N, pred)
+                    _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N, pred, hint=store_hint)
 
         if full:
             _for_range(rt, nvec, Tr * STREAM_UNROLL, store_step)
@@ -1146,7 +1173,7 @@ def _rescale(old, shift):
     return cutlass.select_(old == -math.inf, cutlass.Float32(0.0), cute.math.exp(_finite_or_zero(old) - shift))
 
 
-def _loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads, row_value) -> list:
+def _loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads, row_value, hint=None) -> list:
     """One step of a thread's loop: (evaluator, row, vector index, predicate) of STREAM_UNROLL
     vectors, the u-th at ``(m + u * step[0], j + u * step[1])`` (along a row, or down a
     column), with ``loads`` issued for all before any math uses one. A vector whose moving
@@ -1155,7 +1182,7 @@ def _loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads,
     for u in range(STREAM_UNROLL):
         mm, jj = m + u * step[0], j + u * step[1]
         pred = ok & ((mm if step[0] else jj) < end)
-        ev = _vector_evaluator(geo, t2s, tvs, mm, jj, N, pred, row_value)
+        ev = _vector_evaluator(geo, t2s, tvs, mm, jj, N, pred, row_value, hint)
         for ld in loads:
             ev.ev(ld)
         batch.append((ev, mm, jj, pred))

@@ -38,8 +38,28 @@ MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per 
 # while the rows resident on all SMs fit LOOP_L2_BYTES (of the H100's 50 MiB): blocks of
 # 256 over 64 KiB rows did not fit and took 0.48 ms.
 REGISTER_ROW_ELEMENTS = 20480
+# Tried and dropped in session 18: a longer row shared by the blocks of a thread-block
+# cluster, each holding its part in registers, their partial reductions exchanged through
+# distributed shared memory between cluster barriers (the row read once). It ran slower
+# than looping wherever it was measured (H100, scripts/long_rows_probe.py, ms looped /
+# cluster): log_softmax of bf16 [1024, 128256] 0.461 / 0.495-0.515 (8 blocks of 256 or 512
+# threads), [4096, 32000] 0.324 / 0.370-0.471 (2-8 blocks), logsumexp of [2048, 128256], read
+# once either way, 0.237 / 0.457, odd rows of 50257 0.138 / 0.513; a layer norm of [2048,
+# 65536] alone gained (0.226 / 0.217). Each block holds 16K elements or fewer through one
+# load, the row's reductions and a cluster barrier each, and those fixed costs per block,
+# not the loop's re-read from L2, bound it; a cluster design would need the exchange off
+# the critical path (mbarriers, rows pipelined per block).
 LOOP_THREADS = (512, 1024)
 LOOP_L2_BYTES = 40 << 20
+# A looped row's last pass streams its stores (st.global.cs: L2 lines evict first), and from
+# LOOP_LAST_USE_BYTES of row read on marks its loads the row's last use (ld.global.lu) too,
+# so that neither evicts from L2 the rows other blocks have yet to re-read
+# (``cute_emit.CACHE_HINTS``). H100, scripts/long_rows_probe.py, ms with no hints / stores /
+# loads / both: log_softmax of bf16 [1024, 128256] 0.461 / 0.457 / 0.458 / 0.427, softmax bf16
+# [2048, 128256] 0.523 / 0.518 / 0.451 / 0.429, layer_norm bf16 [2048, 65536] 0.235 / 0.233
+# / 0.223 / 0.229; but log_softmax of bf16 [4096, 32000] (64 KiB rows, two per SM, which L1
+# may still hold for the re-read) 0.324 / 0.314 / 0.317 / 0.334.
+LOOP_LAST_USE_BYTES = 128 << 10
 MAX_THREADS_PER_SM = 2048
 REUSE_ROWS = 2  # rows a pointwise thread walks along a broadcast mode: 2 measured 3-6% above 1 and 4
 #                (RoPE, gelu + bias; scripts/pointwise_probe.py, H100)
@@ -128,6 +148,7 @@ class Geometry:
     tail: bool  # N % vector != 0 (only without outer dims): the last vector is predicated
     row_threads: int = 0
     row_vectors: int = 0  # 0 with row_threads set: the row is too long for registers (looped passes)
+    last_use: bool = False  # looped rows: the last pass marks its loads the row's last use (LOOP_LAST_USE_BYTES)
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
     across: bool = False  # a row kernel that also sums per column (``across_splits``)
     split_rows: bool = False  # a row reduction whose rows are split across blocks (``row_splits``)
@@ -170,7 +191,7 @@ class Geometry:
         return (
             len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors, self.split_rows,
             self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands), self.reuse, self.stage,
-            self.across,
+            self.across, self.last_use,
             tuple(m and (m, self.bases[o.source].ndim) for m, o in zip(self.base_maps, self.operands)), self.map_ref,
         )
 
@@ -638,7 +659,8 @@ def _row_tiling(geo: Geometry, sm_count: int) -> None:
     REGISTER_ROW_ELEMENTS); a longer row gets ``row_vectors = 0``: each reduction re-reads
     it (looped passes), from L2 where the rows resident on all SMs fit LOOP_L2_BYTES, so
     its block is the narrowest of LOOP_THREADS whose resident rows fit (more blocks per SM
-    hide more latency), or the widest."""
+    hide more latency), or the widest; its last pass marks its loads last use from
+    LOOP_LAST_USE_BYTES of row on."""
     nvec = -(-geo.n // geo.vector)
     if geo.n <= REGISTER_ROW_ELEMENTS:
         for threads in ROW_THREADS:
@@ -649,6 +671,7 @@ def _row_tiling(geo: Geometry, sm_count: int) -> None:
     row_bytes = geo.n * sum(o.dtype.itemsize for o in geo.operands if not o.is_store and o.inner_mode != "bcast")
     fits = [t for t in LOOP_THREADS if (MAX_THREADS_PER_SM // t) * sm_count * row_bytes <= LOOP_L2_BYTES]
     geo.row_threads, geo.row_vectors = (fits[0] if fits else LOOP_THREADS[-1]), 0
+    geo.last_use = row_bytes >= LOOP_LAST_USE_BYTES
 
 
 class NeedsTranspose(Unsupported):
