@@ -52,13 +52,15 @@ REGISTER_ROW_ELEMENTS = 20480
 LOOP_THREADS = (512, 1024)
 LOOP_L2_BYTES = 40 << 20
 # A looped row's last pass streams its stores (st.global.cs: L2 lines evict first), and from
-# LOOP_LAST_USE_BYTES of row read on marks its loads the row's last use (ld.global.lu) too,
-# so that neither evicts from L2 the rows other blocks have yet to re-read
-# (``cute_emit.CACHE_HINTS``). H100, scripts/long_rows_probe.py, ms with no hints / stores /
-# loads / both: log_softmax of bf16 [1024, 128256] 0.461 / 0.457 / 0.458 / 0.427, softmax bf16
-# [2048, 128256] 0.523 / 0.518 / 0.451 / 0.429, layer_norm bf16 [2048, 65536] 0.235 / 0.233
-# / 0.223 / 0.229; but log_softmax of bf16 [4096, 32000] (64 KiB rows, two per SM, which L1
-# may still hold for the re-read) 0.324 / 0.314 / 0.317 / 0.334.
+# LOOP_LAST_USE_BYTES of row read on marks its loads of the row its last use (ld.global.lu)
+# too, never those of an operand every row reads (a weight), so that neither evicts from L2
+# the rows other blocks have yet to re-read (``cute_emit.CACHE_HINTS``). H100,
+# scripts/long_rows_probe.py, ms with no hints / stores / loads / both: log_softmax of bf16
+# [1024, 128256] 0.461 / 0.456 / 0.458 / 0.427, softmax bf16 [2048, 128256] 0.523 / 0.519 /
+# 0.452 / 0.430, layer_norm bf16 [2048, 65536] 0.232 / 0.234 / 0.224 / 0.229. Shorter rows
+# keep plain loads: log_softmax of bf16 [4096, 32000] (64 KiB rows, which L1 may still hold
+# for the re-read) took 0.324 with no hints, 0.314 with streamed stores, and 0.334 in an
+# earlier call with both.
 LOOP_LAST_USE_BYTES = 128 << 10
 MAX_THREADS_PER_SM = 2048
 REUSE_ROWS = 2  # rows a pointwise thread walks along a broadcast mode: 2 measured 3-6% above 1 and 4
