@@ -44,7 +44,7 @@ REGISTER_ROW_ELEMENTS = 20480
 # than looping wherever it was measured (H100, scripts/long_rows_probe.py, ms looped /
 # cluster): log_softmax of bf16 [1024, 128256] 0.461 / 0.495-0.515 (8 blocks of 256 or 512
 # threads), [4096, 32000] 0.324 / 0.370-0.471 (2-8 blocks), logsumexp of [2048, 128256], read
-# once either way, 0.237 / 0.457, odd rows of 50257 0.138 / 0.513; a layer norm of [2048,
+# once either way, 0.237 / 0.381-0.457, odd rows of 50257 0.138 / 0.513; a layer norm of [2048,
 # 65536] alone gained (0.226 / 0.217). Each block holds 16K elements or fewer through one
 # load, the row's reductions and a cluster barrier each, and those fixed costs per block,
 # not the loop's re-read from L2, bound it; a cluster design would need the exchange off
