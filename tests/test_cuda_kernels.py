@@ -331,8 +331,9 @@ def test_rows_too_long_for_registers(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_looped_rows_with_cache_hints(dtype):
-    """Rows of 128 KiB and more: the last pass's loads of the row are marked last use and its
-    stores stream (``geometry.LOOP_LAST_USE_BYTES``), the weight's and bias's loads not."""
+    """Rows of 128 KiB and more, whose last pass marks its loads of the row last use and
+    streams its stores (``geometry.LOOP_LAST_USE_BYTES``; which accesses carry the hints is
+    the PTX test's check in test_kernels.py): results right, weights and biases included."""
     n = 65536
     x, w, b = _randn(80, n, dtype=dtype), _randn(n, dtype=dtype), _randn(n, dtype=dtype)
     for fn, args in ((layernorm, (x, w, b)), (softmax, (x,)), (lambda x: torch.log_softmax(x.float(), -1), (x,))):
