@@ -666,12 +666,17 @@ def test_a_looped_rows_last_pass_streams_its_stores_and_marks_its_last_reads(ptx
     from thunder_fuser.kernels import geometry
     from thunder_fuser.kernels.cute_emit import STREAM_UNROLL
 
-    def ptx(n):
+    def part(n):  # only x's bytes count towards the threshold, not the weight's
         fn = lambda x, w: torch.nn.functional.layer_norm(x, (n,), w)
-        (part,) = planned_parts(fn, (_r(80, n, dtype=torch.bfloat16), _r(n, dtype=torch.bfloat16)))
-        assert part.geo.looped and part.geo.last_use == (2 * n >= geometry.LOOP_LAST_USE_BYTES)
-        return _ptx(segment_kernel.compile_program(part.prog, part.geo, None))
+        (p,) = planned_parts(fn, (_r(80, n, dtype=torch.bfloat16), _r(n, dtype=torch.bfloat16)))
+        assert p.geo.looped and p.geo.last_use == (2 * n >= geometry.LOOP_LAST_USE_BYTES)
+        return p
 
+    def ptx(n):
+        p = part(n)
+        return _ptx(segment_kernel.compile_program(p.prog, p.geo, None))
+
+    part(40000)  # 78 KiB of x, 156 with the weight's: no last use
     long, short = ptx(geometry.LOOP_LAST_USE_BYTES // 2), ptx(30000)  # rows of 128 and 59 KiB
     # the mean's, the var's and the last pass's loads of x, and the weight's in the last pass
     assert long.count("ld.global.lu.v4") == STREAM_UNROLL and long.count("ld.global.v4") == 3 * STREAM_UNROLL

@@ -586,8 +586,7 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None):
         return frag.load()
     frag.fill(0)
     if mode == "vec" and not tail:
-        row_wise = any(s != 0 for s in o.stride[:-1])  # not an operand every row reads (a weight)
-        _copy_if(tv[(None, (m, j))], frag, pred, _hinted(hint, frag) if row_wise else None)
+        _copy_if(tv[(None, (m, j))], frag, pred, None if o.same_every_row else _hinted(hint, frag))
     elif mode == "vec":
         _move_if_full(frag, tv[(None, (m, j))], t2, m, j * V, N, pred, V, False)
     else:

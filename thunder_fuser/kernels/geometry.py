@@ -52,8 +52,8 @@ REGISTER_ROW_ELEMENTS = 20480
 LOOP_THREADS = (512, 1024)
 LOOP_L2_BYTES = 40 << 20
 # A looped row's last pass streams its stores (st.global.cs: L2 lines evict first), and from
-# LOOP_LAST_USE_BYTES of row read on marks its loads of the row its last use (ld.global.lu)
-# too, never those of an operand every row reads (a weight), so that neither evicts from L2
+# LOOP_LAST_USE_BYTES of the row's own operands on (a weight every row reads not counted)
+# marks its loads of them their last use (ld.global.lu), never a weight's, so that neither evicts from L2
 # the rows other blocks have yet to re-read (``cute_emit.CACHE_HINTS``). H100,
 # scripts/long_rows_probe.py, ms with no hints / stores / loads / both: log_softmax of bf16
 # [1024, 128256] 0.461 / 0.456 / 0.458 / 0.427, softmax bf16 [2048, 128256] 0.523 / 0.519 /
@@ -137,6 +137,11 @@ class Operand:
     def inner_mode(self) -> str:
         s = self.stride[-1]
         return "vec" if s == 1 else ("bcast" if s == 0 or self.shape[-1] == 1 else "gather")
+
+    @property
+    def same_every_row(self) -> bool:
+        """Every row reads the same elements (a norm's weight): no outer stride but 0."""
+        return not any(self.stride[:-1])
 
 
 @dataclass
@@ -662,7 +667,7 @@ def _row_tiling(geo: Geometry, sm_count: int) -> None:
     it (looped passes), from L2 where the rows resident on all SMs fit LOOP_L2_BYTES, so
     its block is the narrowest of LOOP_THREADS whose resident rows fit (more blocks per SM
     hide more latency), or the widest; its last pass marks its loads last use from
-    LOOP_LAST_USE_BYTES of row on."""
+    LOOP_LAST_USE_BYTES of the row's own operands on."""
     nvec = -(-geo.n // geo.vector)
     if geo.n <= REGISTER_ROW_ELEMENTS:
         for threads in ROW_THREADS:
@@ -673,7 +678,8 @@ def _row_tiling(geo: Geometry, sm_count: int) -> None:
     row_bytes = geo.n * sum(o.dtype.itemsize for o in geo.operands if not o.is_store and o.inner_mode != "bcast")
     fits = [t for t in LOOP_THREADS if (MAX_THREADS_PER_SM // t) * sm_count * row_bytes <= LOOP_L2_BYTES]
     geo.row_threads, geo.row_vectors = (fits[0] if fits else LOOP_THREADS[-1]), 0
-    geo.last_use = row_bytes >= LOOP_LAST_USE_BYTES
+    geo.last_use = geo.n * sum(o.dtype.itemsize for o in geo.operands if not o.is_store and o.inner_mode != "bcast"
+                               and not o.same_every_row) >= LOOP_LAST_USE_BYTES
 
 
 class NeedsTranspose(Unsupported):
