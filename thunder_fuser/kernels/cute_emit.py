@@ -338,16 +338,19 @@ def _copy_if(src: cute.Tensor, dst: cute.Tensor, pred: cutlass.Boolean, hint: cu
         if cutlass.const_expr(hint is None):
             cute.autovec_copy(src, dst)
         else:
-            if cutlass.const_expr(hint == "store"):
-                t = src.element_type
-                atom = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), t, num_bits_per_copy=128,
-                                           store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
-            else:
-                t = dst.element_type
-                atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), t, num_bits_per_copy=128,
-                                           load_cache_mode=cute.nvgpu.LoadCacheMode.LAST_USE)
-            n = 128 // t.width
-            cute.copy(atom, cute.logical_divide(cute.coalesce(src), n), cute.logical_divide(cute.coalesce(dst), n))
+            n = 128 // src.element_type.width  # elements per 16-byte access
+            cute.copy(_hinted_copy_atom(hint, src.element_type),
+                      cute.logical_divide(cute.coalesce(src), n), cute.logical_divide(cute.coalesce(dst), n))
+
+
+def _hinted_copy_atom(hint: str, dtype):
+    """A 16-byte copy of ``dtype`` to global memory that streams ("store"), or from it,
+    marked the line's last use ("load")."""
+    if hint == "store":
+        return cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), dtype, num_bits_per_copy=128,
+                                   store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
+    return cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), dtype, num_bits_per_copy=128,
+                               load_cache_mode=cute.nvgpu.LoadCacheMode.LAST_USE)
 
 
 @cute.jit
