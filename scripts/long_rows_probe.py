@@ -1,8 +1,8 @@
 """Long rows (dev aid; GPU machine): log-softmax and logsumexp over LM vocabularies (bf16
 logits upcast to fp32, as a cross-entropy loss reads them), a softmax and a layer norm of
 long rows. Prints ms for eager, torch.compile and thunder+fuser under each of VARIANTS
-(module constants patched: "s17" is session 17's kernels, with no cache hints in a looped
-row's last pass), and the fuser's TB/s (bytes read
+(module constants patched: "s18" is session 18's kernels, whose looped passes all walk
+the row forward), and the fuser's TB/s (bytes read
 plus written once) as a fraction of a device-to-device copy measured in the same call,
 for the last variant. Each result is checked against eager; the row tiling of each
 program is printed too."""
@@ -17,13 +17,12 @@ import torch.nn.functional as F
 from benchmarks.run import copy_bandwidth
 from benchmarks.timing import device_ms
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import backend, cache, cute_emit
+from thunder_fuser.kernels import backend, cache, cute_emit, geometry
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
 VARIANTS = {  # name -> {(module, constant): value}; the default last
-    "s17": {(cute_emit, "CACHE_HINTS"): ()},  # session 17's kernels: plain loads and stores in a looped row's last pass
-    "stores": {(cute_emit, "CACHE_HINTS"): ("store",)},  # only its stores streamed
-    "loads": {(cute_emit, "CACHE_HINTS"): ("load",)},  # only its loads marked last use
+    "t256": {(geometry, "LOOP_THREADS"): (256, 512, 1024)},
+    "t128": {(geometry, "LOOP_THREADS"): (128, 256, 512, 1024)},
     "default": {},
 }
 

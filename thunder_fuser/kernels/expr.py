@@ -457,6 +457,18 @@ def softmax_sums(reductions) -> list:
     return found
 
 
+def reads_rows_once(prog: Program) -> bool:
+    """A row reduction too long for registers reads its row once: it stores only row values
+    and its reductions are one pass (one sum, max, min or mean, or a softmax's max and sum,
+    taken online, ``softmax_sums``); anything more re-reads the row."""
+    if any(not st.is_row for st in prog.stores):
+        return False
+    order = reductions_in_order(prog)
+    if len(order) == 1:
+        return order[0].op != "var"
+    return len(order) == 2 and any(s is order[1] and m is order[0] for s, m, _, _ in softmax_sums(order))
+
+
 def has_reduce(e) -> bool:
     return any(isinstance(x, Reduce) for x in subexpressions([e]))
 

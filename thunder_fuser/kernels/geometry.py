@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import torch
 
 from thunder_fuser.backends.reference import REFERENCE_IMPLS
-from thunder_fuser.kernels.expr import Load, Program, Unsupported, column_sums, has_reduce, reductions_in_order
+from thunder_fuser.kernels.expr import (Load, Program, Unsupported, column_sums, has_reduce, reads_rows_once,
+                                        reductions_in_order)
 
 MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
 ROW_THREADS = (32, 64, 128, 256, 512, 1024)
@@ -477,7 +478,7 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
     elif prog.family == "rows" and _splits_rows(prog, geo, sm_count):
         geo.split_rows, geo.row_threads = True, SPLIT_THREADS
     elif prog.family == "rows":
-        _row_tiling(geo, sm_count)
+        _row_tiling(geo, sm_count, reads_rows_once(prog))
     elif outer_sel is None:
         geo.stage = _transpose_stage(prog, geo)
         geo.reuse = () if geo.stage else _broadcast_reuse(geo)
@@ -661,12 +662,13 @@ def _splits_rows(prog: Program, geo: Geometry, sm_count: int) -> bool:
     return True
 
 
-def _row_tiling(geo: Geometry, sm_count: int) -> None:
+def _row_tiling(geo: Geometry, sm_count: int, once: bool = False) -> None:
     """Threads per row and vectors per thread for a row held in registers (up to
     REGISTER_ROW_ELEMENTS); a longer row gets ``row_vectors = 0``: each reduction re-reads
     it (looped passes), from L2 where the rows resident on all SMs fit LOOP_L2_BYTES, so
     its block is the narrowest of LOOP_THREADS whose resident rows fit (more blocks per SM
-    hide more latency), or the widest; its last pass marks its loads last use from
+    hide more latency), or the widest; a row read ``once`` (``expr.reads_rows_once``) takes
+    the narrowest, as nothing is re-read. Its last pass marks its loads last use from
     LOOP_LAST_USE_BYTES of the row's own operands on."""
     nvec = -(-geo.n // geo.vector)
     if geo.n <= REGISTER_ROW_ELEMENTS:
@@ -676,7 +678,7 @@ def _row_tiling(geo: Geometry, sm_count: int) -> None:
                 geo.row_threads, geo.row_vectors = threads, k
                 return
     row_bytes = geo.n * sum(o.dtype.itemsize for o in geo.operands if not o.is_store and o.inner_mode != "bcast")
-    fits = [t for t in LOOP_THREADS if (MAX_THREADS_PER_SM // t) * sm_count * row_bytes <= LOOP_L2_BYTES]
+    fits = [t for t in LOOP_THREADS if once or (MAX_THREADS_PER_SM // t) * sm_count * row_bytes <= LOOP_L2_BYTES]
     geo.row_threads, geo.row_vectors = (fits[0] if fits else LOOP_THREADS[-1]), 0
     geo.last_use = geo.n * sum(o.dtype.itemsize for o in geo.operands if not o.is_store and o.inner_mode != "bcast"
                                and not o.same_every_row) >= LOOP_LAST_USE_BYTES
