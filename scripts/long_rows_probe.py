@@ -1,8 +1,8 @@
 """Long rows (dev aid; GPU machine): log-softmax and logsumexp over LM vocabularies (bf16
 logits upcast to fp32, as a cross-entropy loss reads them), a softmax and a layer norm of
 long rows. Prints ms for eager, torch.compile and thunder+fuser under each of VARIANTS
-(module constants patched: "s18" is session 18's kernels, whose looped passes all walk
-the row forward), and the fuser's TB/s (bytes read
+(module constants patched: "no flat" loads a row of odd length in vectors of one element,
+as session 18's kernels did), and the fuser's TB/s (bytes read
 plus written once) as a fraction of a device-to-device copy measured in the same call,
 for the last variant. Each result is checked against eager; the row tiling of each
 program is printed too."""
@@ -21,8 +21,7 @@ from thunder_fuser.kernels import backend, cache, cute_emit, geometry
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
 VARIANTS = {  # name -> {(module, constant): value}; the default last
-    "t256": {(geometry, "LOOP_THREADS"): (256, 512, 1024)},
-    "t128": {(geometry, "LOOP_THREADS"): (128, 256, 512, 1024)},
+    "no flat": {(geometry, "FLAT_ROWS"): False},  # rows of odd length in vectors of one element
     "default": {},
 }
 
@@ -34,6 +33,7 @@ def _bf(*shape):
 CASES = {
     "log_softmax fp32 of bf16 [4096, 32000]": (lambda x: torch.log_softmax(x.float(), -1), lambda: (_bf(4096, 32000),)),
     "log_softmax fp32 of bf16 [2048, 50257]": (lambda x: torch.log_softmax(x.float(), -1), lambda: (_bf(2048, 50257),)),
+    "log_softmax fp32 of bf16 [4096, 32001]": (lambda x: torch.log_softmax(x.float(), -1), lambda: (_bf(4096, 32001),)),
     "log_softmax fp32 of bf16 [1024, 128256]": (lambda x: torch.log_softmax(x.float(), -1), lambda: (_bf(1024, 128256),)),
     "logsumexp fp32 of bf16 [2048, 128256]": (lambda x: torch.logsumexp(x.float(), -1), lambda: (_bf(2048, 128256),)),
     "logsumexp fp32 of bf16 [2048, 50257]": (lambda x: torch.logsumexp(x.float(), -1), lambda: (_bf(2048, 50257),)),

@@ -338,13 +338,16 @@ def test_looped_rows_with_cache_hints(dtype):
     x, w, b = _randn(80, n, dtype=dtype), _randn(n, dtype=dtype), _randn(n, dtype=dtype)
     for fn, args in ((layernorm, (x, w, b)), (softmax, (x,)), (lambda x: torch.log_softmax(x.float(), -1), (x,))):
         jfn, _ = run_without_fallback(fn, *args)
-        assert [part.geo.last_use for p in plans(thunder.last_traces(jfn)[-1]) for k in p.kernels.values() if k
-                for part in k.parts] == [True]
+        assert [g.last_use for g in _row_geometries(jfn)] == [True]
+
+
+def _row_geometries(jfn) -> list:
+    return [part.geo for p in plans(thunder.last_traces(jfn)[-1]) for k in p.kernels.values() if k for part in k.parts]
 
 
 def _looped_rows(jfn) -> list:
     """Per row program of ``jfn``: whether its rows loop (too long for registers, not split)."""
-    return [part.geo.looped for p in plans(thunder.last_traces(jfn)[-1]) for k in p.kernels.values() if k for part in k.parts]
+    return [g.looped for g in _row_geometries(jfn)]
 
 
 def _special_rows(x: torch.Tensor, inf: bool) -> torch.Tensor:
@@ -364,6 +367,7 @@ def _special_rows(x: torch.Tensor, inf: bool) -> torch.Tensor:
     x[6] -= 30
     x[7] = torch.linspace(-20, 20, x.shape[1], device=x.device)
     x[8, -1] = 50  # the max in the last vector, past every other
+    x[9, 0] = 50  # the max in the first (of a row of odd length: its edge vector, shared with row 8)
     return x
 
 
@@ -392,6 +396,30 @@ def test_online_softmax_over_rows_too_long_for_registers(name, n, dtype):
     if name == "log_softmax":
         row = jfn(_special_rows(_randn(80, n, dtype=dtype), inf=True))[3]
         assert row[77].isnan() and (row[torch.arange(n, device=row.device) != 77] == -torch.inf).all(), row
+
+
+FLAT_ROWS = {
+    **ONLINE_SOFTMAXES,
+    "layer_norm": lambda x: torch.nn.functional.layer_norm(x, x.shape[-1:]),
+    "softmax backward": lambda y, g: y * (g - (g * y).sum(-1, keepdim=True)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(81, 50257), (40, 3, 24577)])
+@pytest.mark.parametrize("name", FLAT_ROWS)
+def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
+    """Rows of odd length too long for registers, back to back: whole vectors of the flat
+    run, each row's first and last vector (shared with its neighbours) element by element
+    (``geometry.flat_rows``). 81 * 50257 elements end inside the last vector; the rows of
+    [40, 3, 24577] merge into one mode. Against float64, then rows of infinities, NaNs and
+    maxima in the first and last elements against eager."""
+    fn = FLAT_ROWS[name]
+    args = [_randn(*shape, dtype=dtype) for _ in range(fn.__code__.co_argcount)]
+    jfn, _ = reduce_without_fallback(fn, *args)
+    assert [(g.flat, g.vector > 1) for g in _row_geometries(jfn)] == [(True, True)]
+    if name in ONLINE_SOFTMAXES:
+        run_without_fallback(fn, _special_rows(args[0].view(-1, shape[-1]), inf=name != "log_softmax"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -538,6 +538,10 @@ FAMILIES = {
         lambda x: torch.log_softmax(x.float(), -1),
         lambda: (_r(80, 30000, dtype=torch.bfloat16),)  # too many rows to split across blocks
     ),
+    "normalization, rows of odd length too long for registers (log_softmax of bf16 over the rows' flat vectors)": (
+        lambda x: torch.log_softmax(x.float(), -1),
+        lambda: (_r(81, 50257, dtype=torch.bfloat16),)  # 81 * 50257 elements: the last vector is partial
+    ),
     "row reductions (amin, var, prod)": (lambda x: (x.amin(-1), x.var(-1), x.prod(-1)), lambda: (_r(37, 1000),)),
     "normalization gathering an operand strided along the row (layernorm of x * y.t() over 8 rows)": (
         lambda x, y: torch.nn.functional.layer_norm(x * y.t(), (96,)), lambda: (_r(8, 96), _r(96, 8)),
@@ -648,6 +652,13 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
 
         assert ptx.count("ld.global.v4") == 2 * STREAM_UNROLL, ptx.count("ld.global.v4")
         assert ptx.count("st.global.cs.v4") == 2 * STREAM_UNROLL  # its last pass's fp32 stores stream
+    if name.startswith("normalization, rows of odd length"):
+        # both passes load whole vectors, and the last stores them; each pass's edge vector,
+        # shared with a neighbouring row, moves element by element
+        from thunder_fuser.kernels.cute_emit import STREAM_UNROLL
+
+        assert ptx.count("ld.global.v4") == 2 * STREAM_UNROLL and ptx.count("st.global.cs.v4") == 2 * STREAM_UNROLL
+        assert ptx.count("ld.global.b16") == 2 * 8 and ptx.count("st.global.b32") == 8, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
     if name.startswith("pointwise staged"):  # scalar reads along the operand's rows, 128-bit stores
         assert "st.shared" in ptx and "bar.sync" in ptx and "st.global.v4" in ptx, ptx
     if name.startswith("pointwise gather"):
@@ -683,6 +694,34 @@ def test_a_looped_rows_last_pass_streams_its_stores_and_marks_its_last_reads(ptx
     assert short.count("ld.global.lu") == 0 and short.count("ld.global.v4") == 4 * STREAM_UNROLL
     for text in (long, short):
         assert text.count("st.global.cs.v4") == STREAM_UNROLL and "st.global.v4" not in text
+
+
+def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(torch_kernels):
+    """A row of odd length too long for registers starts 16 bytes apart from the last only
+    every 8th row, so its kernel had loaded element by element. Where every operand read
+    or written along the rows holds them back to back, it walks the whole vectors of that
+    flat run instead (``geometry.flat_rows``); a weight every row reads along the row (the
+    row's shift would misalign it), a slice of wider rows and a misaligned first element
+    keep vectors of one element. Results on the reference backend; the kernels' on the GPU
+    (test_cuda_kernels.py)."""
+    F = torch.nn.functional
+    bf = torch.bfloat16
+    log_softmax = lambda x: torch.log_softmax(x.float(), -1)
+
+    def walk(fn, *args):
+        check_vs_eager(fn, *args)
+        (p,) = planned_parts(fn, args)
+        assert p.geo.looped
+        return p.geo.flat, p.geo.vector
+
+    assert walk(log_softmax, _r(81, 50257, dtype=bf)) == (True, 8)
+    assert walk(lambda x: F.layer_norm(x, (30001,)), _r(80, 30001, dtype=bf)) == (True, 8)
+    assert walk(lambda x: torch.softmax(x, -1), _r(80, 30001)) == (True, 4)
+    assert walk(lambda y, g: y * (g - (g * y).sum(-1, keepdim=True)), _r(80, 30001), _r(80, 30001)) == (True, 4)
+    assert walk(lambda x, w: F.layer_norm(x, (30001,), w), _r(80, 30001, dtype=bf), _r(30001, dtype=bf)) == (False, 1)
+    assert walk(log_softmax, _r(80, 30008, dtype=bf)[:, :30001]) == (False, 1)
+    assert walk(log_softmax, _r(81, 30001, dtype=bf)[1:]) == (False, 1)
+    assert walk(log_softmax, _r(80, 30000, dtype=bf)) == (False, 8)  # rows of whole vectors: not flat
 
 
 def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(ptx_compile):

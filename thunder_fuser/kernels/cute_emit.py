@@ -361,6 +361,32 @@ def _gather_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.B
 
 
 @cute.jit
+def _gather_inside(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
+    """Elements ``n0 ..`` of row ``m`` that lie in ``[0, limit)``: a flat row's edge vector,
+    whose other elements are the neighbouring rows'."""
+    for k in cutlass.range_constexpr(width):
+        if pred and n0 + k >= 0 and n0 + k < limit:
+            frag[k] = frag.element_type(t2[(m, n0 + k)])
+
+
+@cute.jit
+def _scatter_inside(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
+    for k in cutlass.range_constexpr(width):
+        if pred and n0 + k >= 0 and n0 + k < limit:
+            t2[(m, n0 + k)] = frag[k]
+
+
+@cute.jit
+def _lanes_inside(n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
+    """Which of elements ``n0 .. n0 + width`` lie in ``[0, limit)`` (where ``pred``), as a
+    vector of booleans."""
+    lanes = cute.make_rmem_tensor((1, width), cutlass.Boolean)
+    for k in cutlass.range_constexpr(width):
+        lanes[k] = pred & (n0 + k >= 0) & (n0 + k < limit)
+    return lanes.load()
+
+
+@cute.jit
 def _scatter_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
     for k in cutlass.range_constexpr(width):
         if pred and n0 + k < limit:
@@ -435,6 +461,14 @@ def _as_2d(t: cute.Tensor, rank: int) -> cute.Tensor:
     if rank == 2:
         return t
     return cute.group_modes(t, 0, rank - 1)
+
+
+def _flat_view(t2: cute.Tensor, start, count, V: int) -> cute.Tensor:
+    """A flat row's vector view (``geometry.flat_rows``): the ``count`` vectors of the flat
+    run of rows from element ``start`` (a multiple of ``V``) on, ``((1, V), (rows, count))``,
+    its row mode of stride 0 so that the row's coordinate indexes it as any vector view."""
+    layout = cute.make_layout(((1, V), (t2.shape[0], count)), stride=((0, 1), (0, V)))
+    return cute.make_tensor(t2.iterator + start, layout)
 
 
 def _vector_view(t2: cute.Tensor, V: int) -> cute.Tensor:
@@ -512,7 +546,7 @@ def fake_operands(geo: Geometry):
     """Fake tensors with symbolic extents and strides: only what the signature fixes is
     static (strides 0 and 1, piece extents)."""
     outer = [cute.sym_int32() for _ in geo.outer]
-    n_div = 1 if geo.tail else geo.vector
+    n_div = 1 if geo.tail or geo.flat else geo.vector  # flat rows: N is any length (``geometry.flat_rows``)
     n = cute.sym_int32(divisibility=n_div)
     fakes = []
     for o in geo.operands:
@@ -525,7 +559,7 @@ def fake_operands(geo: Geometry):
         strides = []
         staged_mode = geo.stage[0] if geo.stage and len(fakes) in geo.stage[1] else None
         for r, s in enumerate(o.stride[:-1] if geo.outer else ()):
-            strides.append(0 if s == 0 else 1 if r == staged_mode else cute.sym_int64(divisibility=geo.vector if vec else 1))
+            strides.append(0 if s == 0 else 1 if r == staged_mode else cute.sym_int64(divisibility=n_div if vec else 1))
         strides.append(1 if vec else (0 if o.inner_mode == "bcast" else cute.sym_int64()))
         align = min(16, geo.vector * o.dtype.itemsize) if vec else o.dtype.itemsize
         m = geo.base_maps[len(fakes)] if geo.base_maps else None
@@ -564,10 +598,11 @@ def _iota_value(o, idx, k: int = 0):
     return cute_dtype(o.dtype)(idx + (start + step * (off + k)))
 
 
-def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None):
+def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, edge=None):
     """Vector ``j`` of row ``m`` of operand ``o``: one access (stride 1), one element for all
     (stride 0) or ``V`` accesses; zeros where ``pred`` is false. ``tail``: ``N`` may end
-    inside the vector (1-D pointwise only). An iota operand is computed, not loaded."""
+    inside the vector (1-D pointwise only). An iota operand is computed, not loaded.
+    ``edge``: a flat row's edge vector (``_Flat``), read element by element, where in the row."""
     mode = _mode(o, V)
     if mode == "bcast":
         one = _frag((1, 1), o.dtype)
@@ -588,7 +623,9 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None):
             frag[k] = _iota_at(o, t2, m, j * V + k)
         return frag.load()
     frag.fill(0)
-    if mode == "vec" and not tail:
+    if mode == "vec" and edge is not None:
+        _gather_inside(frag, t2, m, j * V - edge, N, pred, V)
+    elif mode == "vec" and not tail:
         _copy_if(tv[(None, (m, j))], frag, pred, None if o.same_every_row else _hinted(hint, frag))
     elif mode == "vec":
         _move_if_full(frag, tv[(None, (m, j))], t2, m, j * V, N, pred, V, False)
@@ -597,11 +634,13 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None):
     return frag.load()
 
 
-def _store_vector(val, o, t2, tv, m, j, V, N, pred, tail=False, hint=None):
+def _store_vector(val, o, t2, tv, m, j, V, N, pred, tail=False, hint=None, edge=None):
     frag = _frag((1, V), o.dtype)
     frag.store(_vector(val, V, o.dtype))
     mode = _mode(o, V)
-    if mode == "vec" and not tail:
+    if mode == "vec" and edge is not None:
+        _scatter_inside(frag, t2, m, j * V - edge, N, pred, V)
+    elif mode == "vec" and not tail:
         _copy_if(frag, tv[(None, (m, j))], pred, _hinted(hint, frag))
     elif mode == "vec":
         _move_if_full(frag, tv[(None, (m, j))], t2, m, j * V, N, pred, V, True)
@@ -634,14 +673,15 @@ def _row_evaluator(geo: Geometry, t2s, m, n, pred, row_value) -> "Evaluator":
     return Evaluator(load, row_value, _no_select)
 
 
-def _vector_evaluator(geo: Geometry, t2s, tvs, m, j, N, pred, row_value, hint=None) -> "Evaluator":
+def _vector_evaluator(geo: Geometry, t2s, tvs, m, j, N, pred, row_value, hint=None, edge=None) -> "Evaluator":
     """An evaluator for vector ``j`` of row ``m`` that reads each operand once."""
     loaded = {}
 
     def load(ld: Load):
         slot = geo.load_slot[id(ld)]
         if slot not in loaded:
-            loaded[slot] = _load_vector(geo.operands[slot], t2s[slot], tvs[slot], m, j, geo.vector, N, pred, hint=hint)
+            loaded[slot] = _load_vector(geo.operands[slot], t2s[slot], tvs[slot], m, j, geo.vector, N, pred, hint=hint,
+                                        edge=edge)
         return loaded[slot]
 
     return Evaluator(load, row_value, _no_select)
@@ -996,25 +1036,55 @@ def build_rows(prog: Program, geo: Geometry):
         """One row per block of ``Tr`` threads; thread ``rt`` visits vectors rt, rt+Tr, ...
         in every pass, STREAM_UNROLL of them per loop step (``_loaded_batch``). Reductions
         run in dependency order (softmax: max, then the sum of exp(x - max)); a later pass
-        reads the earlier results as row scalars."""
-        nvec = N // V
+        reads the earlier results as row scalars. Flat rows (``geometry.flat_rows``): the
+        loop walks the whole vectors inside the row, and threads 0 and 1 its edge vectors,
+        shared with the rows before and after, element by element (``edges``)."""
         acc_iter = iter(accs)
         values: dict = {}
+        behind = None  # flat rows: elements of the row before in the row's first vector
+        first, end = 0, N // V  # the vectors the loop walks
+        if geo.flat:
+            start = cutlass.Int64(m) * N.to(cutlass.Int64)  # the row's first element in the flat run
+            lead = start // V
+            behind = (start - lead * V).to(cutlass.Int32)
+            count = (behind + N + V - 1) // V
+            base = cute.assume(lead * V, divby=V)
+            tvs = tuple(_flat_view(t2s[s], base, count, V) if o.inner_mode == "vec" else tvs[s] for s, o in enumerate(ops))
+            first, end = 1, count - 1
 
         def batch(j, roots, hint=None):
-            return _loaded_batch(geo, t2s, tvs, m, j, (0, Tr), row_ok, nvec, N, _streamed_loads(roots),
+            return _loaded_batch(geo, t2s, tvs, m, j, (0, Tr), row_ok, end, N, _streamed_loads(roots),
                                  lambda e: values[id(e)], hint)
+
+        def walk(roots, absorb, hint=None):
+            """``absorb(vectors, edge)`` for every step of this thread's walk of the row:
+            ``vectors`` = [(evaluator, vector index, where its elements are the row's)], the
+            last a predicate, or one per element for an edge vector (``edge``: ``behind``)."""
+
+            def step(j):
+                absorb([(ev, jj, pred) for ev, _, jj, pred in batch(j, roots, hint)], None)
+
+            _for_range(rt + first, end, Tr * STREAM_UNROLL, step)
+            if behind is not None:
+                def edge(i):  # i = 0: the row's first vector, 1: its last
+                    jj = i * (count - 1)
+                    ev = _vector_evaluator(geo, t2s, tvs, m, jj, N, row_ok, lambda e: values[id(e)], edge=behind)
+                    for ld in _streamed_loads(roots):
+                        ev.ev(ld)
+                    absorb([(ev, jj, _lanes_inside(jj * V - behind, N, row_ok, V))], behind)
+
+                _for_range(rt, 2, Tr, edge)
 
         def reduce_pass(op, arg, center):
             acc = _frag((1, V), torch.float32)
             acc.fill(_IDENTITY[op])
 
-            def step(j):
-                for ev, _, _, pred in batch(j, [arg]):
+            def absorb(vectors, _):
+                for ev, _, keep in vectors:
                     x = _centered(_vector(ev.ev(arg), V, torch.float32), center)
-                    acc.store(_COMBINE[op](acc.load(), _where(pred, x, _IDENTITY[op])))
+                    acc.store(_COMBINE[op](acc.load(), _where(keep, x, _IDENTITY[op])))
 
-            _for_range(rt, nvec, Tr * STREAM_UNROLL, step)
+            walk([arg], absorb)
             return finish(acc.load().reduce(_VECTOR_OP[op], _IDENTITY[op], 0), op, tidx, acc_iter)
 
         def online_pass(x_expr):
@@ -1026,9 +1096,8 @@ def build_rows(prog: Program, geo: Geometry):
             acc = _frag((1, V), torch.float32)
             acc.fill(0.0)
 
-            def step(j):
-                xs = [_where(pred, _vector(ev.ev(x_expr), V, torch.float32), -math.inf)
-                      for ev, _, _, pred in batch(j, [x_expr])]
+            def absorb(vectors, _):
+                xs = [_where(keep, _vector(ev.ev(x_expr), V, torch.float32), -math.inf) for ev, _, keep in vectors]
                 most = xs[0]
                 for x in xs[1:]:
                     most = _maximum(most, x)
@@ -1040,12 +1109,11 @@ def build_rows(prog: Program, geo: Geometry):
                 acc.store(total)
                 top[0] = new
 
-            _for_range(rt, nvec, Tr * STREAM_UNROLL, step)
+            walk([x_expr], absorb)
             row_max = finish(top[0], "amax", tidx, acc_iter)
             row_shift = _finite_or_zero(row_max)
             mine = acc.load().reduce(cute.ReductionOp.ADD, 0.0, 0) * _rescale(top[0], row_shift)
             return row_max, row_shift, finish(mine, "sum", tidx, acc_iter)
-
         means: dict = {}
         order = reductions_in_order(prog)
         online: dict = {}  # a max -> its first softmax sum (a second one takes a pass of its own)
@@ -1067,13 +1135,14 @@ def build_rows(prog: Program, geo: Geometry):
         load_hint = "load" if geo.last_use and "load" in CACHE_HINTS else None
         store_hint = "store" if "store" in CACHE_HINTS else None
 
-        def store_step(j):  # the row's last read, and stores no one reads here: neither should stay in L2
-            for ev, _, jj, pred in batch(j, [st.expr for st, _ in full], load_hint):
-                for st, slot in full:
-                    _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N, pred, hint=store_hint)
+        def store(vectors, edge):  # the row's last read, and stores no one reads here: neither should stay in L2
+            for ev, jj, keep in vectors:
+                for st, slot in full:  # an edge vector's elements are written where they are the row's
+                    _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N,
+                                  row_ok if edge is not None else keep, hint=store_hint, edge=edge)
 
         if full:
-            _for_range(rt, nvec, Tr * STREAM_UNROLL, store_step)
+            walk([st.expr for st, _ in full], store, load_hint)
 
     if geo.across:
         return rows_with_column_sums(prog, geo, body, ref_slot, n_reductions)

@@ -50,6 +50,7 @@ REGISTER_ROW_ELEMENTS = 20480
 # load, the row's reductions and a cluster barrier each, and those fixed costs per block,
 # not the loop's re-read from L2, bound it; a cluster design would need the exchange off
 # the critical path (mbarriers, rows pipelined per block).
+FLAT_ROWS = True  # ``flat_rows``; False only to measure a row of odd length in vectors of one element
 LOOP_THREADS = (512, 1024)
 LOOP_L2_BYTES = 40 << 20
 # A looped row's last pass streams its stores (st.global.cs: L2 lines evict first), and from
@@ -157,6 +158,7 @@ class Geometry:
     row_threads: int = 0
     row_vectors: int = 0  # 0 with row_threads set: the row is too long for registers (looped passes)
     last_use: bool = False  # looped rows: the last pass marks its loads the row's last use (LOOP_LAST_USE_BYTES)
+    flat: bool = False  # looped rows walked as vectors of the rows back to back (``flat_rows``)
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
     across: bool = False  # a row kernel that also sums per column (``across_splits``)
     split_rows: bool = False  # a row reduction whose rows are split across blocks (``row_splits``)
@@ -199,7 +201,7 @@ class Geometry:
         return (
             len(self.outer), ops, self.vector, self.tail, self.row_threads, self.row_vectors, self.col_vectors, self.split_rows,
             self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands), self.reuse, self.stage,
-            self.across, self.last_use,
+            self.across, self.last_use, self.flat,
             tuple(m and (m, self.bases[o.source].ndim) for m, o in zip(self.base_maps, self.operands)), self.map_ref,
         )
 
@@ -460,7 +462,7 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
         raise Unsupported("a reduction over dims that are innermost for some operands and not for others")
     vec_ops = [o for o in operands if o.inner_mode == "vec"]
     itemsize = min((o.dtype.itemsize for o in vec_ops), default=4)
-    vector = min(MAX_VECTOR, max(1, 16 // itemsize)) if vec_ops else 1
+    vector = widest = min(MAX_VECTOR, max(1, 16 // itemsize)) if vec_ops else 1
     inner_bounds = _select_bounds(prog, inner_sel)  # pieces along the vector dim must hold whole vectors
     while vector > 1 and not _vector_fits(vector, operands, bases, n, bool(outer) or prog.family == "rows", inner_bounds):
         vector //= 2
@@ -479,12 +481,37 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
         geo.split_rows, geo.row_threads = True, SPLIT_THREADS
     elif prog.family == "rows":
         _row_tiling(geo, sm_count, reads_rows_once(prog))
+        if geo.looped and flat_rows(geo, widest):
+            geo.vector, geo.flat = widest, True
+            _call_recipe(geo)  # the pointer checks of the wider vector
     elif outer_sel is None:
         geo.stage = _transpose_stage(prog, geo)
         geo.reuse = () if geo.stage else _broadcast_reuse(geo)
     if _numel(outer) * max(1, -(-n // vector)) >= 2**31:
         raise Unsupported("more than 2**31 vectors")
     return geo
+
+
+def flat_rows(geo: Geometry, vector: int) -> bool:
+    """Whether a looped row kernel narrowed below ``vector`` (a row of odd length: a row
+    starts 16 bytes apart from the last only every few rows) can still load and store whole
+    vectors: where its rows lie back to back in every operand read or written along them
+    (one outer mode of stride N, each operand's first element aligned to the vector), it
+    walks the vectors of that flat run which overlap its row, an aligned middle and an edge
+    vector at each end shared with the neighbouring rows, whose elements it reads and
+    writes one by one (``cute_emit.build_rows``). Operands read once per row (a row value,
+    a broadcast) are as they are; a weight every row reads along N (which the row's shift
+    would misalign), an iota, a gather or a piece is not."""
+    if not FLAT_ROWS or geo.vector >= vector or vector <= 1 or len(geo.outer) != 1 or geo.outer_select:
+        return False
+    for o in geo.operands:
+        if o.inner_mode == "bcast":
+            continue
+        if o.inner_mode != "vec" or o.iota is not None or o.stride != (geo.n, 1) or o.shape != (geo.outer[0], geo.n):
+            return False
+        if (geo.bases[o.source].data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize):
+            return False
+    return True
 
 
 def _select_bounds(prog: Program, dim: int | None) -> tuple:
