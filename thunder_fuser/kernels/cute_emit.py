@@ -354,26 +354,13 @@ def _hinted_copy_atom(hint: str, dtype):
 
 
 @cute.jit
-def _gather_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
+def _gather_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr,
+               edge: cutlass.Constexpr = False):
+    """Elements ``n0 ..`` of row ``m`` below ``limit``; an ``edge`` vector of a flat row
+    (``geometry.flat_rows``) starts before the row, whose elements there are not read."""
     for k in cutlass.range_constexpr(width):
-        if pred and n0 + k < limit:
+        if pred and n0 + k < limit and (not edge or n0 + k >= 0):
             frag[k] = frag.element_type(t2[(m, n0 + k)])  # a bool element reads as Int8 (see _move_if_full)
-
-
-@cute.jit
-def _gather_inside(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
-    """Elements ``n0 ..`` of row ``m`` that lie in ``[0, limit)``: a flat row's edge vector,
-    whose other elements are the neighbouring rows'."""
-    for k in cutlass.range_constexpr(width):
-        if pred and n0 + k >= 0 and n0 + k < limit:
-            frag[k] = frag.element_type(t2[(m, n0 + k)])
-
-
-@cute.jit
-def _scatter_inside(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
-    for k in cutlass.range_constexpr(width):
-        if pred and n0 + k >= 0 and n0 + k < limit:
-            t2[(m, n0 + k)] = frag[k]
 
 
 @cute.jit
@@ -387,9 +374,10 @@ def _lanes_inside(n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
 
 
 @cute.jit
-def _scatter_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr):
+def _scatter_if(frag: cute.Tensor, t2: cute.Tensor, m, n0, limit, pred: cutlass.Boolean, width: cutlass.Constexpr,
+                edge: cutlass.Constexpr = False):
     for k in cutlass.range_constexpr(width):
-        if pred and n0 + k < limit:
+        if pred and n0 + k < limit and (not edge or n0 + k >= 0):
             t2[(m, n0 + k)] = frag[k]
 
 
@@ -602,7 +590,8 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, edge=None):
     """Vector ``j`` of row ``m`` of operand ``o``: one access (stride 1), one element for all
     (stride 0) or ``V`` accesses; zeros where ``pred`` is false. ``tail``: ``N`` may end
     inside the vector (1-D pointwise only). An iota operand is computed, not loaded.
-    ``edge``: a flat row's edge vector (``_Flat``), read element by element, where in the row."""
+    ``edge``: vector ``j`` is an edge vector of a flat row (``geometry.flat_rows``) whose
+    first ``edge`` elements are the row before's: read element by element, the row's only."""
     mode = _mode(o, V)
     if mode == "bcast":
         one = _frag((1, 1), o.dtype)
@@ -624,7 +613,7 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, edge=None):
         return frag.load()
     frag.fill(0)
     if mode == "vec" and edge is not None:
-        _gather_inside(frag, t2, m, j * V - edge, N, pred, V)
+        _gather_if(frag, t2, m, j * V - edge, N, pred, V, True)
     elif mode == "vec" and not tail:
         _copy_if(tv[(None, (m, j))], frag, pred, None if o.same_every_row else _hinted(hint, frag))
     elif mode == "vec":
@@ -639,7 +628,7 @@ def _store_vector(val, o, t2, tv, m, j, V, N, pred, tail=False, hint=None, edge=
     frag.store(_vector(val, V, o.dtype))
     mode = _mode(o, V)
     if mode == "vec" and edge is not None:
-        _scatter_inside(frag, t2, m, j * V - edge, N, pred, V)
+        _scatter_if(frag, t2, m, j * V - edge, N, pred, V, True)
     elif mode == "vec" and not tail:
         _copy_if(frag, tv[(None, (m, j))], pred, _hinted(hint, frag))
     elif mode == "vec":
@@ -1038,7 +1027,7 @@ def build_rows(prog: Program, geo: Geometry):
         run in dependency order (softmax: max, then the sum of exp(x - max)); a later pass
         reads the earlier results as row scalars. Flat rows (``geometry.flat_rows``): the
         loop walks the whole vectors inside the row, and threads 0 and 1 its edge vectors,
-        shared with the rows before and after, element by element (``edges``)."""
+        shared with the rows before and after, element by element (``walk``)."""
         acc_iter = iter(accs)
         values: dict = {}
         behind = None  # flat rows: elements of the row before in the row's first vector
@@ -1114,6 +1103,7 @@ def build_rows(prog: Program, geo: Geometry):
             row_shift = _finite_or_zero(row_max)
             mine = acc.load().reduce(cute.ReductionOp.ADD, 0.0, 0) * _rescale(top[0], row_shift)
             return row_max, row_shift, finish(mine, "sum", tidx, acc_iter)
+
         means: dict = {}
         order = reductions_in_order(prog)
         online: dict = {}  # a max -> its first softmax sum (a second one takes a pass of its own)
