@@ -724,6 +724,25 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
     assert walk(log_softmax, _r(80, 30000, dtype=bf)) == (False, 8)  # rows of whole vectors: not flat
 
 
+def test_a_looped_row_read_once_takes_the_narrowest_block(torch_kernels):
+    """The L2 rule (``geometry.LOOP_L2_BYTES``) sizes the blocks of a looped row whose passes
+    re-read it; a row read once (a logsumexp's max and sum taken online, one sum; only row
+    values stored: ``expr.reads_rows_once``) takes the narrowest block of LOOP_THREADS."""
+    x = _r(80, 128256, dtype=torch.bfloat16)
+
+    def threads(fn):
+        check_vs_eager(fn, x)
+        (p,) = planned_parts(fn, (x,))
+        assert p.geo.looped
+        return p.geo.row_threads
+
+    narrow, wide = geometry.LOOP_THREADS[0], geometry.LOOP_THREADS[-1]
+    assert threads(lambda x: torch.logsumexp(x.float(), -1)) == narrow
+    assert threads(lambda x: (x.float() * 2).sum(-1)) == narrow
+    assert threads(lambda x: x.float().var(-1)) == wide  # the mean, then the squared deviations
+    assert threads(lambda x: torch.log_softmax(x.float(), -1)) == wide  # the last pass re-reads the row
+
+
 def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(ptx_compile):
     """tanh.approx.f32 errs by up to 2**-10.9 relative: below half a bf16 ulp, not an fp32 one."""
 

@@ -51,6 +51,17 @@ REGISTER_ROW_ELEMENTS = 20480
 # not the loop's re-read from L2, bound it; a cluster design would need the exchange off
 # the critical path (mbarriers, rows pipelined per block).
 FLAT_ROWS = True  # ``flat_rows``; False only to measure a row of odd length in vectors of one element
+# A looped row read once (``expr.reads_rows_once``: logsumexp) takes the narrowest block:
+# H100, scripts/long_rows_probe.py, logsumexp of bf16 [2048, 128256] 0.235 ms in blocks of
+# 1024, 0.202 in 512; 256 and 128 no faster. Measured in session 19 and not kept (ms, H100):
+# - the passes alternating direction, each re-read starting on the lines the pass before
+#   read last: log_softmax of bf16 [4096, 32000] 0.314 -> 0.350, softmax [2048, 128256]
+#   0.427 -> 0.441, layer_norm [2048, 65536] 0.222 -> 0.229 ([1024, 128256] 0.427 -> 0.419);
+# - registers capped (``.minnctapersm``) so that the blocks the L2 rule counts are resident
+#   (60 registers leave one block of 1024 per SM): ptxas spills in the loop, twice as slow.
+# ncu on log_softmax of bf16 [1024, 128256]: 295 MB read from DRAM (262 is x once: the
+# re-read hits L2) but DRAM only 51% busy at one block per SM; Inductor's kernel reads x
+# twice from DRAM at 76% busy (88% occupancy, 32 registers) and is faster (0.388 / 0.427).
 LOOP_THREADS = (512, 1024)
 LOOP_L2_BYTES = 40 << 20
 # A looped row's last pass streams its stores (st.global.cs: L2 lines evict first), and from
