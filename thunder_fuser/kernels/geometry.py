@@ -58,7 +58,11 @@ FLAT_ROWS = True  # ``flat_rows``; False only to measure a row of odd length in 
 #   read last: log_softmax of bf16 [4096, 32000] 0.314 -> 0.350, softmax [2048, 128256]
 #   0.427 -> 0.441, layer_norm [2048, 65536] 0.222 -> 0.229 ([1024, 128256] 0.427 -> 0.419);
 # - registers capped (``.minnctapersm``) so that the blocks the L2 rule counts are resident
-#   (60 registers leave one block of 1024 per SM): ptxas spills in the loop, twice as slow.
+#   (60 registers leave one block of 1024 per SM): ptxas spills in the loop, twice as slow;
+# - 8 vectors per loop step (``cute_emit.STREAM_UNROLL`` is 4) in every pass, or in one kind
+#   of pass (reductions, the online softmax pass, the last pass): slower or the same on every
+#   case but the layer norm, whose last pass gained with 8 (0.223 -> 0.194) where a
+#   log_softmax's lost (0.314 -> 0.352 over [4096, 32000]).
 # ncu on log_softmax of bf16 [1024, 128256]: 295 MB read from DRAM (262 is x once: the
 # re-read hits L2) but DRAM only 51% busy at one block per SM; Inductor's kernel reads x
 # twice from DRAM at 76% busy (88% occupancy, 32 registers) and is faster (0.388 / 0.427).
