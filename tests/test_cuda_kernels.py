@@ -422,6 +422,30 @@ def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
         run_without_fallback(fn, _special_rows(args[0].view(-1, shape[-1]), inf=name != "log_softmax"))
 
 
+FLAT_POINTWISE = {  # name -> (fn, input maker(dtype))
+    "gelu(x + bias), 33 * 4097 ending inside the last vector": (
+        gelu_bias, lambda dt: (_randn(33, 4097, dtype=dt), _randn(4097, dtype=dt))),
+    "a misaligned bias": (
+        lambda x, b: x * 2 + b, lambda dt: (_randn(33, 4097, dtype=dt), _randn(4098, dtype=dt)[1:])),
+    "a value per row and a bias, outer dims merged": (
+        lambda x, s, b: x * s + b, lambda dt: (_randn(7, 5, 4099, dtype=dt), _randn(7, 5, 1, dtype=dt), _randn(4099, dtype=dt))),
+    "rows of 9: vectors span rows": (
+        lambda x, b: x + b, lambda dt: (_randn(1001, 9, dtype=dt), _randn(9, dtype=dt))),
+    "a bool mask": (
+        lambda m, x: torch.where(m, x, 0.0), lambda dt: (_randn(1001, 9) > 0, _randn(9, dtype=dt))),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", FLAT_POINTWISE)
+def test_pointwise_over_rows_of_odd_length_moves_whole_vectors(name, dtype):
+    """Rows of odd length that cannot merge into one dim: vectors of their flat run, which
+    may span two rows; the other operands element by element (``geometry.flat_rows``)."""
+    fn, make = FLAT_POINTWISE[name]
+    jfn, _ = run_without_fallback(fn, *make(dtype))
+    assert [(g.flat, g.vector > 1) for g in _row_geometries(jfn)] == [(True, True)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_resize_rotate_half_and_rope(dtype):
     run_without_fallback(rotate_half_residual, _randn(2, 4, 33, 128, dtype=dtype))

@@ -542,6 +542,9 @@ FAMILIES = {
         lambda x: torch.log_softmax(x.float(), -1),
         lambda: (_r(81, 50257, dtype=torch.bfloat16),)  # 81 * 50257 elements: the last vector is partial
     ),
+    "pointwise over a flat run (gelu(x + bias) of bf16 rows of odd length: x and the output in whole vectors)": (
+        gelu_bias, lambda: (_r(33, 4097, dtype=torch.bfloat16), _r(4097, dtype=torch.bfloat16))
+    ),
     "row reductions (amin, var, prod)": (lambda x: (x.amin(-1), x.var(-1), x.prod(-1)), lambda: (_r(37, 1000),)),
     "normalization gathering an operand strided along the row (layernorm of x * y.t() over 8 rows)": (
         lambda x, y: torch.nn.functional.layer_norm(x * y.t(), (96,)), lambda: (_r(8, 96), _r(96, 8)),
@@ -659,6 +662,8 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
 
         assert ptx.count("ld.global.v4") == 2 * STREAM_UNROLL and ptx.count("st.global.cs.v4") == 2 * STREAM_UNROLL
         assert ptx.count("ld.global.b16") == 2 * 8 and ptx.count("st.global.b32") == 8, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
+    if name.startswith("pointwise over a flat run"):  # one vector of x, the bias element by element
+        assert ptx.count("ld.global.v4") == 1 and ptx.count("st.global.v4") == 1, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
     if name.startswith("pointwise staged"):  # scalar reads along the operand's rows, 128-bit stores
         assert "st.shared" in ptx and "bar.sync" in ptx and "st.global.v4" in ptx, ptx
     if name.startswith("pointwise gather"):
@@ -722,6 +727,28 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
     assert walk(log_softmax, _r(80, 30008, dtype=bf)[:, :30001]) == (False, 1)
     assert walk(log_softmax, _r(81, 30001, dtype=bf)[1:]) == (False, 1)
     assert walk(log_softmax, _r(80, 30000, dtype=bf)) == (False, 8)  # rows of whole vectors: not flat
+
+
+def test_pointwise_over_rows_of_odd_length_moves_whole_vectors_where_they_lie_back_to_back(torch_kernels):
+    """A pointwise kernel whose rows of odd length cannot merge into one dim (a bias along
+    them, a value per row) computes vectors of the rows' flat run, which may span two rows
+    (``geometry.flat_rows``, Inductor's flat index); the operands not laid out so are read
+    element by element, and need no alignment (``vector_access``). Not over rows shorter
+    than a vector, nor with an operand strided along N (a transposed one is staged)."""
+    bf = torch.bfloat16
+
+    def walk(fn, *args):
+        check_vs_eager(fn, *args)
+        (p,) = planned_parts(fn, args)
+        return p.geo.flat, p.geo.vector, len(p.geo.align_checks)
+
+    bias = _r(4098, dtype=bf)[1:]  # misaligned: read element by element
+    assert walk(gelu_bias, _r(33, 4097, dtype=bf), bias) == (True, 8, 2)  # x and the output
+    assert walk(lambda x, s, b: x * s + b, _r(7, 5, 4099), _r(7, 5, 1), _r(4099)) == (True, 4, 2)
+    assert walk(lambda m, x: torch.where(m, x, 0.0), _r(1001, 9) > 0, _r(9)) == (True, 8, 2)  # a bool mask, vectors span rows
+    assert walk(lambda x, b: x + b, _r(1001, 9, dtype=bf), _r(9, dtype=bf)) == (True, 8, 2)  # vectors span rows
+    assert walk(lambda x, b: x + b, _r(64, 5, dtype=bf), _r(5, dtype=bf))[0] is False  # rows shorter than a vector
+    assert walk(lambda x, y: x + y.t(), _r(64, 4097, dtype=bf), _r(4097, 64, dtype=bf))[0] is False
 
 
 def test_a_looped_row_read_once_takes_the_narrowest_block(torch_kernels):

