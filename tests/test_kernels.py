@@ -720,6 +720,7 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
         return p.geo.flat, p.geo.vector
 
     assert walk(log_softmax, _r(81, 50257, dtype=bf)) == (True, 8)
+    assert walk(lambda x: torch.logsumexp(x.float(), -1), _r(81, 50257, dtype=bf)) == (True, 8)  # row values stored
     assert walk(lambda x: F.layer_norm(x, (30001,)), _r(80, 30001, dtype=bf)) == (True, 8)
     assert walk(lambda x: torch.softmax(x, -1), _r(80, 30001)) == (True, 4)
     assert walk(lambda y, g: y * (g - (g * y).sum(-1, keepdim=True)), _r(80, 30001), _r(80, 30001)) == (True, 4)

@@ -540,10 +540,12 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
     for o in geo.operands:
         if o.iota is not None:
             return False
-        if not o.back_to_back(rows, geo.n):
-            if o.is_store or o.inner_mode == "gather" or not (pointwise or o.inner_mode == "bcast"):
+        if o.back_to_back(rows, geo.n):
+            if (geo.bases[o.source].data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize):
                 return False
-        elif (geo.bases[o.source].data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize):
+        elif o.is_store and (pointwise or o.inner_mode != "bcast"):  # a row kernel's row values may be
+            return False
+        elif not (o.inner_mode == "bcast" or (pointwise and o.inner_mode == "vec")):
             return False
     return True
 
