@@ -528,7 +528,7 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
       misalign), an iota, a gather or a piece is not;
     - a pointwise kernel (rows of at least ``vector`` elements, its stores so): a thread
       computes one vector of the run, which may span two rows; the operands not so (a bias
-      along the rows, a value per row, a transposed one) are read element by element at
+      along the rows, a value per row) are read element by element at
       each element's row and column (``cute_emit._flat_pointwise_pieces``: Inductor's
       flat index). Not with an iota, a cat/pad or an operand strided along N (which
       ``_transpose_stage`` may stage)."""
@@ -543,7 +543,7 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
         if o.back_to_back(rows, geo.n):
             if (geo.bases[o.source].data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize):
                 return False
-        elif o.is_store and (pointwise or o.inner_mode != "bcast"):  # a row kernel's row values may be
+        elif o.is_store and (pointwise or o.inner_mode != "bcast"):  # stored: back to back, or row values
             return False
         elif not (o.inner_mode == "bcast" or (pointwise and o.inner_mode == "vec")):
             return False
