@@ -701,6 +701,14 @@ def test_a_looped_rows_last_pass_streams_its_stores_and_marks_its_last_reads(ptx
         assert text.count("st.global.cs.v4") == STREAM_UNROLL and "st.global.v4" not in text
 
 
+def _checked_geometry(fn, *args):
+    """The geometry of ``fn``'s one kernel part, once its results on the reference backend
+    matched eager."""
+    check_vs_eager(fn, *args)
+    (p,) = planned_parts(fn, args)
+    return p.geo
+
+
 def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(torch_kernels):
     """A row of odd length too long for registers starts 16 bytes apart from the last only
     every 8th row, so its kernel had loaded element by element. Where every operand read
@@ -714,10 +722,9 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
     log_softmax = lambda x: torch.log_softmax(x.float(), -1)
 
     def walk(fn, *args):
-        check_vs_eager(fn, *args)
-        (p,) = planned_parts(fn, args)
-        assert p.geo.looped
-        return p.geo.flat, p.geo.vector
+        geo = _checked_geometry(fn, *args)
+        assert geo.looped
+        return geo.flat, geo.vector
 
     assert walk(log_softmax, _r(81, 50257, dtype=bf)) == (True, 8)
     assert walk(lambda x: torch.logsumexp(x.float(), -1), _r(81, 50257, dtype=bf)) == (True, 8)  # row values stored
@@ -739,9 +746,8 @@ def test_pointwise_over_rows_of_odd_length_moves_whole_vectors_where_they_lie_ba
     bf = torch.bfloat16
 
     def walk(fn, *args):
-        check_vs_eager(fn, *args)
-        (p,) = planned_parts(fn, args)
-        return p.geo.flat, p.geo.vector, len(p.geo.align_checks)
+        geo = _checked_geometry(fn, *args)
+        return geo.flat, geo.vector, len(geo.align_checks)
 
     bias = _r(4098, dtype=bf)[1:]  # misaligned: read element by element
     assert walk(gelu_bias, _r(33, 4097, dtype=bf), bias) == (True, 8, 2)  # x and the output
@@ -759,10 +765,9 @@ def test_a_looped_row_read_once_takes_the_narrowest_block(torch_kernels):
     x = _r(80, 128256, dtype=torch.bfloat16)
 
     def threads(fn):
-        check_vs_eager(fn, x)
-        (p,) = planned_parts(fn, (x,))
-        assert p.geo.looped
-        return p.geo.row_threads
+        geo = _checked_geometry(fn, x)
+        assert geo.looped
+        return geo.row_threads
 
     narrow, wide = geometry.LOOP_THREADS[0], geometry.LOOP_THREADS[-1]
     assert threads(lambda x: torch.logsumexp(x.float(), -1)) == narrow

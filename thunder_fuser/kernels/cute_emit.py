@@ -1102,7 +1102,7 @@ def build_rows(prog: Program, geo: Geometry):
             behind = (start - lead * V).to(cutlass.Int32)
             count = (behind + N + V - 1) // V
             base = cute.assume(lead * V, divby=V)
-            tvs = tuple(_flat_view(t2s[s], base, count, V) if o.inner_mode == "vec" else tvs[s] for s, o in enumerate(ops))
+            tvs = tuple(_flat_view(t2s[s], base, count, V) if vector_access(geo, o) else tvs[s] for s, o in enumerate(ops))
             first, end = 1, count - 1
 
         def batch(j, roots, hint=None):

@@ -501,13 +501,11 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
         geo.split_rows, geo.row_threads = True, SPLIT_THREADS
     elif prog.family == "rows":
         _row_tiling(geo, sm_count, reads_rows_once(prog))
-        if geo.looped and flat_rows(geo, widest):
-            geo.vector, geo.flat = widest, True
-            _call_recipe(geo)  # the pointer checks of the wider vector
-    elif outer_sel is None and not prog.select_dims and flat_rows(geo, widest, pointwise=True):
+    pointwise = prog.family != "rows" and outer_sel is None
+    if (geo.looped or (pointwise and not prog.select_dims)) and flat_rows(geo, widest, pointwise):
         geo.vector, geo.flat = widest, True
-        _call_recipe(geo)
-    elif outer_sel is None:
+        _call_recipe(geo)  # the pointer checks of the wider vector
+    elif pointwise:
         geo.stage = _transpose_stage(prog, geo)
         geo.reuse = () if geo.stage else _broadcast_reuse(geo)
     if _numel(outer) * max(1, -(-n // vector)) >= 2**31:
@@ -541,7 +539,7 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
         if o.iota is not None:
             return False
         if o.back_to_back(rows, geo.n):
-            if (geo.bases[o.source].data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize):
+            if not _base_aligned(o, geo.bases, vector):
                 return False
         elif o.is_store and (pointwise or o.inner_mode != "bcast"):  # stored: back to back, or row values
             return False
@@ -570,10 +568,14 @@ def _vector_fits(vector, operands, bases, n, has_outer, bounds) -> bool:
             return False
         if any(s % vector for s in o.stride[:-1]):
             return False
-        base = bases[o.source]
-        if (base.data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize):
+        if not _base_aligned(o, bases, vector):
             return False
     return True
+
+
+def _base_aligned(o: Operand, bases, vector: int) -> bool:
+    """Whether operand ``o``'s first element is aligned to a vector of ``vector`` elements."""
+    return (bases[o.source].data_ptr() + o.offset * o.dtype.itemsize) % (vector * o.dtype.itemsize) == 0
 
 
 def _broadcast_reuse(geo: Geometry) -> tuple:
