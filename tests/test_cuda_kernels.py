@@ -398,27 +398,31 @@ def test_online_softmax_over_rows_too_long_for_registers(name, n, dtype):
         assert row[77].isnan() and (row[torch.arange(n, device=row.device) != 77] == -torch.inf).all(), row
 
 
-FLAT_ROWS = {
+FLAT_ROWS = {  # arguments named w and b run along the rows (a weight, a bias); the others are rows
     **ONLINE_SOFTMAXES,
     "layer_norm": lambda x: torch.nn.functional.layer_norm(x, x.shape[-1:]),
+    "layer_norm with weight and bias": lambda x, w, b: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b),
     "softmax backward": lambda y, g: y * (g - (g * y).sum(-1, keepdim=True)),
 }
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(81, 50257), (40, 3, 24577)])
+@pytest.mark.parametrize("shape", [(81, 50257), (40, 3, 24577), (81, 4097), (40, 3, 197), (1001, 9)])
 @pytest.mark.parametrize("name", FLAT_ROWS)
 def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
-    """Rows of odd length too long for registers, back to back: whole vectors of the flat
-    run, each row's first and last vector (shared with its neighbours) element by element
+    """Rows of odd length, back to back, too long for registers (the first two shapes) or
+    held in them: whole vectors of the flat run, each row's first and last vector (shared
+    with its neighbours) element by element, and a weight and a bias element by element
     (``geometry.flat_rows``). 81 * 50257 elements end inside the last vector; the rows of
-    [40, 3, 24577] merge into one mode. Against float64, then rows of infinities, NaNs and
-    maxima in the first and last elements against eager."""
+    [40, 3, n] merge into one mode; rows of 9 have no whole vector inside some of them.
+    Against float64, then rows of infinities, NaNs and maxima in the first and last
+    elements against eager."""
     fn = FLAT_ROWS[name]
-    args = [_randn(*shape, dtype=dtype) for _ in range(fn.__code__.co_argcount)]
+    code = fn.__code__
+    args = [_randn(*(shape[-1:] if a in "wb" else shape), dtype=dtype) for a in code.co_varnames[:code.co_argcount]]
     jfn, _ = reduce_without_fallback(fn, *args)
     assert [(g.flat, g.vector > 1) for g in _row_geometries(jfn)] == [(True, True)]
-    if name in ONLINE_SOFTMAXES:
+    if name in ONLINE_SOFTMAXES and shape[-1] > 77:  # _special_rows writes element 77
         run_without_fallback(fn, _special_rows(args[0].view(-1, shape[-1]), inf=name != "log_softmax"))
 
 

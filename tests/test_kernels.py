@@ -542,6 +542,10 @@ FAMILIES = {
         lambda x: torch.log_softmax(x.float(), -1),
         lambda: (_r(81, 50257, dtype=torch.bfloat16),)  # 81 * 50257 elements: the last vector is partial
     ),
+    "normalization, rows of odd length in registers (layer_norm of bf16 over the rows' flat vectors, its weight element by element)": (
+        lambda x, w: torch.nn.functional.layer_norm(x, (4097,), w),
+        lambda: (_r(33, 4097, dtype=torch.bfloat16), _r(4097, dtype=torch.bfloat16)),
+    ),
     "pointwise over a flat run (gelu(x + bias) of bf16 rows of odd length: x and the output in whole vectors)": (
         gelu_bias, lambda: (_r(33, 4097, dtype=torch.bfloat16), _r(4097, dtype=torch.bfloat16))
     ),
@@ -655,13 +659,20 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
 
         assert ptx.count("ld.global.v4") == 2 * STREAM_UNROLL, ptx.count("ld.global.v4")
         assert ptx.count("st.global.cs.v4") == 2 * STREAM_UNROLL  # its last pass's fp32 stores stream
-    if name.startswith("normalization, rows of odd length"):
+    if name.startswith("normalization, rows of odd length too long"):
         # both passes load whole vectors, and the last stores them; each pass's edge vector,
         # shared with a neighbouring row, moves element by element
         from thunder_fuser.kernels.cute_emit import STREAM_UNROLL
 
         assert ptx.count("ld.global.v4") == 2 * STREAM_UNROLL and ptx.count("st.global.cs.v4") == 2 * STREAM_UNROLL
         assert ptx.count("ld.global.b16") == 2 * 8 and ptx.count("st.global.b32") == 8, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
+    if name.startswith("normalization, rows of odd length in registers"):
+        # x in whole vectors, row_vectors of them per thread, and its outputs so; the two edge
+        # vectors (threads 0 and 1) and the weight (every vector) element by element
+        (p,) = parts
+        k = p.geo.row_vectors
+        assert ptx.count("ld.global.v4") == k and ptx.count("st.global.v4") == k, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
+        assert ptx.count("ld.global.b16") == 8 * (k + 2) and ptx.count("st.global.b16") == 8, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
     if name.startswith("pointwise over a flat run"):  # one vector of x, the bias element by element
         assert ptx.count("ld.global.v4") == 1 and ptx.count("st.global.v4") == 1, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
     if name.startswith("pointwise staged"):  # scalar reads along the operand's rows, 128-bit stores
@@ -710,12 +721,14 @@ def _checked_geometry(fn, *args):
 
 
 def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(torch_kernels):
-    """A row of odd length too long for registers starts 16 bytes apart from the last only
-    every 8th row, so its kernel had loaded element by element. Where every operand read
-    or written along the rows holds them back to back, it walks the whole vectors of that
-    flat run instead (``geometry.flat_rows``); a weight every row reads along the row (the
-    row's shift would misalign it), a slice of wider rows and a misaligned first element
-    keep vectors of one element. Results on the reference backend; the kernels' on the GPU
+    """A row of odd length starts 16 bytes apart from the last only every 8th row, so its
+    kernel had loaded element by element. Where every operand written along the rows holds
+    them back to back, a row kernel, looped or holding its row in registers, takes the whole
+    vectors of that flat run instead (``geometry.flat_rows``), with the row's two edge
+    vectors element by element; a weight every row reads along the row (the row's shift
+    misaligns it) is read element by element. A slice of wider rows, a misaligned first
+    element, rows no longer than a vector, and a row kernel that also sums per column keep
+    vectors of one element. Results on the reference backend; the kernels' on the GPU
     (test_cuda_kernels.py)."""
     F = torch.nn.functional
     bf = torch.bfloat16
@@ -723,18 +736,26 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
 
     def walk(fn, *args):
         geo = _checked_geometry(fn, *args)
-        assert geo.looped
-        return geo.flat, geo.vector
+        assert geo.row_threads and not geo.split_rows
+        return geo.flat, geo.vector, "looped" if geo.looped else geo.row_vectors
 
-    assert walk(log_softmax, _r(81, 50257, dtype=bf)) == (True, 8)
-    assert walk(lambda x: torch.logsumexp(x.float(), -1), _r(81, 50257, dtype=bf)) == (True, 8)  # row values stored
-    assert walk(lambda x: F.layer_norm(x, (30001,)), _r(80, 30001, dtype=bf)) == (True, 8)
-    assert walk(lambda x: torch.softmax(x, -1), _r(80, 30001)) == (True, 4)
-    assert walk(lambda y, g: y * (g - (g * y).sum(-1, keepdim=True)), _r(80, 30001), _r(80, 30001)) == (True, 4)
-    assert walk(lambda x, w: F.layer_norm(x, (30001,), w), _r(80, 30001, dtype=bf), _r(30001, dtype=bf)) == (False, 1)
-    assert walk(log_softmax, _r(80, 30008, dtype=bf)[:, :30001]) == (False, 1)
-    assert walk(log_softmax, _r(81, 30001, dtype=bf)[1:]) == (False, 1)
-    assert walk(log_softmax, _r(80, 30000, dtype=bf)) == (False, 8)  # rows of whole vectors: not flat
+    assert walk(log_softmax, _r(81, 50257, dtype=bf)) == (True, 8, "looped")
+    assert walk(lambda x: torch.logsumexp(x.float(), -1), _r(81, 50257, dtype=bf)) == (True, 8, "looped")  # row values stored
+    assert walk(lambda x: F.layer_norm(x, (30001,)), _r(80, 30001, dtype=bf)) == (True, 8, "looped")
+    assert walk(lambda x: torch.softmax(x, -1), _r(80, 30001)) == (True, 4, "looped")
+    assert walk(lambda y, g: y * (g - (g * y).sum(-1, keepdim=True)), _r(80, 30001), _r(80, 30001)) == (True, 4, "looped")
+    assert walk(lambda x, w: F.layer_norm(x, (30001,), w), _r(80, 30001, dtype=bf), _r(30001, dtype=bf)) == (True, 8, "looped")
+    # rows in registers: the tiling counts the wider vectors (513 vectors of 8 over 256 threads: 3 each)
+    assert walk(lambda x: torch.softmax(x, -1), _r(64, 4097, dtype=bf)) == (True, 8, 3)
+    assert walk(lambda x, w, b: F.layer_norm(x, (4097,), w, b), _r(33, 4097, dtype=bf), _r(4097, dtype=bf),
+                _r(4097, dtype=bf)) == (True, 8, 3)
+    assert walk(lambda x: torch.softmax(x.float() * 0.125, -1), _r(3, 5, 197, dtype=bf)) == (True, 8, 1)  # ViT's 197 tokens
+    assert walk(lambda x: torch.softmax(x, -1), _r(100, 9, dtype=bf)) == (True, 8, 1)  # the middle empty in some rows
+    assert walk(lambda x: torch.softmax(x, -1), _r(100, 8, dtype=bf)[:, :7])[0] is False  # rows shorter than a vector
+    assert walk(log_softmax, _r(80, 30008, dtype=bf)[:, :30001])[:2] == (False, 1)
+    assert walk(log_softmax, _r(81, 30001, dtype=bf)[1:])[:2] == (False, 1)
+    assert walk(log_softmax, _r(80, 30000, dtype=bf)) == (False, 8, "looped")  # rows of whole vectors: not flat
+    assert _checked_geometry(norm_backward, *norm_backward_args((37, 1001))).flat is False  # sums per column
 
 
 def test_pointwise_over_rows_of_odd_length_moves_whole_vectors_where_they_lie_back_to_back(torch_kernels):

@@ -590,8 +590,9 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, edge=None):
     """Vector ``j`` of row ``m`` of operand ``o``: one access (stride 1), one element for all
     (stride 0) or ``V`` accesses; zeros where ``pred`` is false. ``tail``: ``N`` may end
     inside the vector (1-D pointwise only). An iota operand is computed, not loaded.
-    ``edge``: vector ``j`` is an edge vector of a flat row (``geometry.flat_rows``) whose
-    first ``edge`` elements are the row before's: read element by element, the row's only."""
+    ``edge``: ``j`` counts the vectors of a flat row (``geometry.flat_rows``), whose first
+    ``edge`` elements are the row before's: read element by element, the row's only (an edge
+    vector, or an operand that does not move whole vectors: ``_shifted``)."""
     mode = _mode(o, V)
     if mode == "bcast":
         one = _frag((1, 1), o.dtype)
@@ -662,18 +663,45 @@ def _row_evaluator(geo: Geometry, t2s, m, n, pred, row_value) -> "Evaluator":
     return Evaluator(load, row_value, _no_select)
 
 
-def _vector_evaluator(geo: Geometry, t2s, tvs, m, j, N, pred, row_value, hint=None, edge=None) -> "Evaluator":
-    """An evaluator for vector ``j`` of row ``m`` that reads each operand once."""
+def _vector_evaluator(geo: Geometry, t2s, tvs, m, j, N, pred, row_value, hint=None, shift=None,
+                      edge=False) -> "Evaluator":
+    """An evaluator for vector ``j`` of row ``m`` that reads each operand once. ``shift``,
+    ``edge``: see ``_shifted``."""
     loaded = {}
 
     def load(ld: Load):
         slot = geo.load_slot[id(ld)]
         if slot not in loaded:
-            loaded[slot] = _load_vector(geo.operands[slot], t2s[slot], tvs[slot], m, j, geo.vector, N, pred, hint=hint,
-                                        edge=edge)
+            o = geo.operands[slot]
+            loaded[slot] = _load_vector(o, t2s[slot], tvs[slot], m, j, geo.vector, N, pred, hint=hint,
+                                        edge=_shifted(geo, o, shift, edge))
         return loaded[slot]
 
     return Evaluator(load, row_value, _no_select)
+
+
+def _shifted(geo: Geometry, o, shift, edge: bool):
+    """The shift by which a flat row (``_flat_row_views``: its first element lies ``shift``
+    elements into its first vector) reads operand ``o`` element by element, or None where it
+    moves whole vectors of it: every operand of an ``edge`` vector, shared with a
+    neighbouring row, and, in every vector, an operand without vector access (a weight)."""
+    return shift if shift is not None and (edge or not vector_access(geo, o)) else None
+
+
+def _flat_row_views(geo: Geometry, t2s, tvs, m, N):
+    """(shift, count, views) of row ``m`` of a flat row kernel (``geometry.flat_rows``): the
+    row's first element lies ``shift`` elements into the first of the ``count`` vectors of
+    the run that overlap the row, which ``views`` (those of the operands moved a vector at a
+    time) index from 0. Vectors 0 and ``count - 1`` are the row's edges."""
+    V = geo.vector
+    start = cutlass.Int64(m) * N.to(cutlass.Int64)  # the row's first element in the flat run
+    lead = start // V
+    shift = (start - lead * V).to(cutlass.Int32)
+    count = (shift + N + V - 1) // V
+    base = cute.assume(lead * V, divby=V)
+    views = tuple(_flat_view(t2s[s], base, count, V) if vector_access(geo, o) else tvs[s]
+                  for s, o in enumerate(geo.operands))
+    return shift, count, views
 
 
 # ---- pointwise ---------------------------------------------------------------------------
@@ -1040,21 +1068,32 @@ def build_rows(prog: Program, geo: Geometry):
     def body(t2s, tvs, m, rt, tidx, N, row_ok, accs, column_accs=()):
         """One row, held in registers. ``column_accs``: per sum per column, per vector of
         the thread's, its fp32 running sum over the rows this thread has walked."""
-        nvec = N // V
-        chunk_ok = [row_ok & (rt + c * Tr < nvec) for c in range(K)]
+        shift = None
+        if geo.flat:  # the middle vectors of the row's run, then threads 0 and 1 an edge vector each
+            shift, count, tvs = _flat_row_views(geo, t2s, tvs, m, N)
+            at = [(1 + rt + c * Tr, row_ok & (1 + rt + c * Tr < count - 1), False) for c in range(K)]
+            at.append((cutlass.min(rt, 1) * (count - 1), row_ok & (rt < 2), True))
+        else:
+            at = [(rt + c * Tr, row_ok & (rt + c * Tr < N // V), False) for c in range(K)]
+        chunk_ok = [ok for _, ok, _ in at]
+        # per chunk, which of its elements are the row's: all where its predicate holds, but
+        # in an edge vector
+        lanes = [_lanes_inside(j * V - shift, N, ok, V) if edge else None for j, ok, edge in at]
         loaded = {}
         row_cache: dict = {}
         means: dict = {}
         acc_iter = iter(accs)
 
         def load_chunk(c):
+            j, ok, edge = at[c]
+
             def load(ld: Load):
                 slot = geo.load_slot[id(ld)]
                 o = ops[slot]
                 key = (slot, -1 if _mode(o, V) == "bcast" else c)  # a per-row scalar is read once
                 if key not in loaded:
-                    pred = row_ok if key[1] < 0 else chunk_ok[c]
-                    loaded[key] = _load_vector(o, t2s[slot], tvs[slot], m, rt + c * Tr, V, N, pred)
+                    loaded[key] = _load_vector(o, t2s[slot], tvs[slot], m, j, V, N, row_ok if key[1] < 0 else ok,
+                                               edge=_shifted(geo, o, shift, edge))
                 return loaded[key]
             return load
 
@@ -1069,11 +1108,16 @@ def build_rows(prog: Program, geo: Geometry):
             identity = cutlass.Float32(_IDENTITY[op])
             part = identity
             for c, ch in enumerate(chunks):
-                r = _centered(_cast(ch.ev(arg), torch.float32), center).reduce(_VECTOR_OP[op], _IDENTITY[op], 0)
+                x = _centered(_cast(ch.ev(arg), torch.float32), center)
+                if lanes[c] is not None:
+                    part = _COMBINE[op](part, _where(lanes[c], _vector(x, V, torch.float32), _IDENTITY[op])
+                                        .reduce(_VECTOR_OP[op], _IDENTITY[op], 0))
+                    continue
+                r = x.reduce(_VECTOR_OP[op], _IDENTITY[op], 0)
                 part = _COMBINE[op](part, cutlass.Float32(cutlass.select_(chunk_ok[c], r, identity)))
             return finish(part, op, tidx, acc_iter)
 
-        for c in range(K):
+        for c in range(len(at)):
             chunks.append(Evaluator(load_chunk(c), row_value, _no_select))
         for e, accs_of_sum in zip(sums, column_accs):
             for c, acc in enumerate(accs_of_sum):
@@ -1081,9 +1125,9 @@ def build_rows(prog: Program, geo: Geometry):
         _store_row_values(prog, geo, t2s, m, row_ok & (rt == 0), row_value)
         for st, slot in zip(prog.stores, geo.store_slot):
             if not st.is_row and not st.across:
-                for c in range(K):
-                    o = ops[slot]
-                    _store_vector(chunks[c].ev(st.expr), o, t2s[slot], tvs[slot], m, rt + c * Tr, V, N, chunk_ok[c])
+                for c, (j, ok, edge) in enumerate(at):
+                    _store_vector(chunks[c].ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, V, N, ok,
+                                  edge=_shifted(geo, ops[slot], shift, edge))
 
     def body_looped(t2s, tvs, m, rt, tidx, N, row_ok, accs):
         """One row per block of ``Tr`` threads; thread ``rt`` visits vectors rt, rt+Tr, ...
@@ -1097,17 +1141,12 @@ def build_rows(prog: Program, geo: Geometry):
         behind = None  # flat rows: elements of the row before in the row's first vector
         first, end = 0, N // V  # the vectors the loop walks
         if geo.flat:
-            start = cutlass.Int64(m) * N.to(cutlass.Int64)  # the row's first element in the flat run
-            lead = start // V
-            behind = (start - lead * V).to(cutlass.Int32)
-            count = (behind + N + V - 1) // V
-            base = cute.assume(lead * V, divby=V)
-            tvs = tuple(_flat_view(t2s[s], base, count, V) if vector_access(geo, o) else tvs[s] for s, o in enumerate(ops))
+            behind, count, tvs = _flat_row_views(geo, t2s, tvs, m, N)
             first, end = 1, count - 1
 
         def batch(j, roots, hint=None):
             return _loaded_batch(geo, t2s, tvs, m, j, (0, Tr), row_ok, end, N, _streamed_loads(roots),
-                                 lambda e: values[id(e)], hint)
+                                 lambda e: values[id(e)], hint, behind)
 
         def walk(roots, absorb, hint=None):
             """``absorb(vectors, edge)`` for every step of this thread's walk of the row:
@@ -1121,7 +1160,8 @@ def build_rows(prog: Program, geo: Geometry):
             if behind is not None:
                 def edge(i):  # i = 0: the row's first vector, 1: its last
                     jj = i * (count - 1)
-                    ev = _vector_evaluator(geo, t2s, tvs, m, jj, N, row_ok, lambda e: values[id(e)], edge=behind)
+                    ev = _vector_evaluator(geo, t2s, tvs, m, jj, N, row_ok, lambda e: values[id(e)], shift=behind,
+                                           edge=True)
                     for ld in _streamed_loads(roots):
                         ev.ev(ld)
                     absorb([(ev, jj, _lanes_inside(jj * V - behind, N, row_ok, V))], behind)
@@ -1298,16 +1338,17 @@ def _rescale(old, shift):
     return cutlass.select_(old == -math.inf, cutlass.Float32(0.0), cute.math.exp(_finite_or_zero(old) - shift))
 
 
-def _loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads, row_value, hint=None) -> list:
+def _loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads, row_value, hint=None,
+                  shift=None) -> list:
     """One step of a thread's loop: (evaluator, row, vector index, predicate) of STREAM_UNROLL
     vectors, the u-th at ``(m + u * step[0], j + u * step[1])`` (along a row, or down a
     column), with ``loads`` issued for all before any math uses one. A vector whose moving
-    coordinate is at or past ``end`` loads nothing."""
+    coordinate is at or past ``end`` loads nothing. ``shift``: a flat row's (``_shifted``)."""
     batch = []
     for u in range(STREAM_UNROLL):
         mm, jj = m + u * step[0], j + u * step[1]
         pred = ok & ((mm if step[0] else jj) < end)
-        ev = _vector_evaluator(geo, t2s, tvs, mm, jj, N, pred, row_value, hint)
+        ev = _vector_evaluator(geo, t2s, tvs, mm, jj, N, pred, row_value, hint, shift)
         for ld in loads:
             ev.ev(ld)
         batch.append((ev, mm, jj, pred))

@@ -178,7 +178,7 @@ class Geometry:
     row_threads: int = 0
     row_vectors: int = 0  # 0 with row_threads set: the row is too long for registers (looped passes)
     last_use: bool = False  # looped rows: the last pass marks its loads the row's last use (LOOP_LAST_USE_BYTES)
-    flat: bool = False  # looped rows or a pointwise kernel walking vectors of the rows back to back (``flat_rows``)
+    flat: bool = False  # a row or pointwise kernel taking vectors of its rows back to back (``flat_rows``)
     columns: bool = False  # a column reduction: the reduced dims are the outer ones
     across: bool = False  # a row kernel that also sums per column (``across_splits``)
     split_rows: bool = False  # a row reduction whose rows are split across blocks (``row_splits``)
@@ -502,8 +502,11 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
     elif prog.family == "rows":
         _row_tiling(geo, sm_count, reads_rows_once(prog))
     pointwise = prog.family != "rows" and outer_sel is None
-    if (geo.looped or (pointwise and not prog.select_dims)) and flat_rows(geo, widest, pointwise):
+    rows = bool(geo.row_threads) and not geo.split_rows and not prog.across  # looped or in registers
+    if (rows or (pointwise and not prog.select_dims)) and flat_rows(geo, widest, pointwise):
         geo.vector, geo.flat = widest, True
+        if geo.row_vectors:  # wider vectors: fewer per thread
+            _row_tiling(geo, sm_count, reads_rows_once(prog))
         _call_recipe(geo)  # the pointer checks of the wider vector
     elif pointwise:
         geo.stage = _transpose_stage(prog, geo)
@@ -518,21 +521,23 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
     apart from the last only every few rows) can still load and store whole vectors of the
     flat run of its rows, where they lie back to back (``Operand.back_to_back``, the first
     element aligned to the vector):
-    - a looped row kernel, every operand read or written along the rows so: it walks the
-      vectors of the run that overlap its row, an aligned middle and an edge vector at each
-      end shared with the neighbouring rows, whose elements it reads and writes one by one
-      (``cute_emit.build_rows``). Operands read once per row (a row value, a broadcast) are
-      as they are; a weight every row reads along N (which the row's shift would
-      misalign), an iota, a gather or a piece is not;
+    - a row kernel, looped or holding its row in registers, every operand written along the
+      rows so: it takes the vectors of the run that overlap its row, an aligned middle and an
+      edge vector at each end shared with the neighbouring rows, whose elements it reads and
+      writes one by one (``cute_emit.build_rows``). Operands read once per row (a row value,
+      a broadcast) are as they are; a weight every row reads along N (which the row's shift
+      misaligns) element by element; any other operand not back to back is not. Rows of
+      more than ``vector`` elements, so that a row's two edge vectors differ;
     - a pointwise kernel (rows of at least ``vector`` elements, its stores so): a thread
       computes one vector of the run, which may span two rows; the operands not so (a bias
       along the rows, a value per row) are read element by element at
       each element's row and column (``cute_emit._flat_pointwise_pieces``: Inductor's
-      flat index). Not with an iota, a cat/pad or an operand strided along N (which
-      ``_transpose_stage`` may stage)."""
+      flat index).
+    Not with an iota, a cat/pad or an operand strided along N (which ``_transpose_stage``
+    may stage)."""
     if not FLAT_ROWS or geo.vector >= vector or vector <= 1 or len(geo.outer) != 1 or geo.outer_select:
         return False
-    if pointwise and geo.n < vector:
+    if geo.n < vector or (not pointwise and geo.n == vector):
         return False
     rows = geo.outer[0]
     for o in geo.operands:
@@ -543,7 +548,7 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
                 return False
         elif o.is_store and (pointwise or o.inner_mode != "bcast"):  # stored: back to back, or row values
             return False
-        elif not (o.inner_mode == "bcast" or (pointwise and o.inner_mode == "vec")):
+        elif o.inner_mode not in ("bcast", "vec") or not (pointwise or o.inner_mode == "bcast" or o.same_every_row):
             return False
     return True
 
