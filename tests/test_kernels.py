@@ -727,9 +727,9 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
     vectors of that flat run instead (``geometry.flat_rows``), with the row's two edge
     vectors element by element; a weight every row reads along the row (the row's shift
     misaligns it) is read element by element. A slice of wider rows, a misaligned first
-    element, rows no longer than a vector, and a row kernel that also sums per column keep
-    vectors of one element. Results on the reference backend; the kernels' on the GPU
-    (test_cuda_kernels.py)."""
+    element and a row kernel that also sums per column keep vectors of one element, and so
+    do rows in registers too short to repay the edge vectors.
+    Results on the reference backend; the kernels' on the GPU (test_cuda_kernels.py)."""
     F = torch.nn.functional
     bf = torch.bfloat16
     log_softmax = lambda x: torch.log_softmax(x.float(), -1)
@@ -745,13 +745,15 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
     assert walk(lambda x: torch.softmax(x, -1), _r(80, 30001)) == (True, 4, "looped")
     assert walk(lambda y, g: y * (g - (g * y).sum(-1, keepdim=True)), _r(80, 30001), _r(80, 30001)) == (True, 4, "looped")
     assert walk(lambda x, w: F.layer_norm(x, (30001,), w), _r(80, 30001, dtype=bf), _r(30001, dtype=bf)) == (True, 8, "looped")
-    # rows in registers: the tiling counts the wider vectors (513 vectors of 8 over 256 threads: 3 each)
-    assert walk(lambda x: torch.softmax(x, -1), _r(64, 4097, dtype=bf)) == (True, 8, 3)
+    # rows in registers: the tiling counts the middle's whole vectors (at most 511 of 8 over
+    # 128 threads: 4 each); the edge vectors ride apart
+    assert walk(lambda x: torch.softmax(x, -1), _r(64, 4097, dtype=bf)) == (True, 8, 4)
     assert walk(lambda x, w, b: F.layer_norm(x, (4097,), w, b), _r(33, 4097, dtype=bf), _r(4097, dtype=bf),
-                _r(4097, dtype=bf)) == (True, 8, 3)
-    assert walk(lambda x: torch.softmax(x.float() * 0.125, -1), _r(3, 5, 197, dtype=bf)) == (True, 8, 1)  # ViT's 197 tokens
-    assert walk(lambda x: torch.softmax(x, -1), _r(100, 9, dtype=bf)) == (True, 8, 1)  # the middle empty in some rows
-    assert walk(lambda x: torch.softmax(x, -1), _r(100, 8, dtype=bf)[:, :7])[0] is False  # rows shorter than a vector
+                _r(4097, dtype=bf)) == (True, 8, 4)
+    assert walk(lambda x: torch.softmax(x.float() * 0.125, -1), _r(3, 5, 197, dtype=bf)) == (True, 8, 3)  # ViT's 197 tokens
+    assert walk(lambda x: torch.softmax(x, -1), _r(100, 97, dtype=bf)) == (True, 8, 3)  # over 4 threads
+    # rows of fewer than FLAT_MIN_VECTORS vectors do not repay their edge vectors
+    assert walk(lambda x: torch.softmax(x, -1), _r(100, 8 * geometry.FLAT_MIN_VECTORS - 1, dtype=bf))[:2] == (False, 1)
     assert walk(log_softmax, _r(80, 30008, dtype=bf)[:, :30001])[:2] == (False, 1)
     assert walk(log_softmax, _r(81, 30001, dtype=bf)[1:])[:2] == (False, 1)
     assert walk(log_softmax, _r(80, 30000, dtype=bf)) == (False, 8, "looped")  # rows of whole vectors: not flat

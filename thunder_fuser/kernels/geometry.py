@@ -27,7 +27,12 @@ from thunder_fuser.kernels.expr import (Load, Program, Unsupported, column_sums,
                                         reductions_in_order)
 
 MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
-ROW_THREADS = (32, 64, 128, 256, 512, 1024)
+# Threads per row held in registers: the fewest whose vectors fit (``_row_tiling``). Rows
+# of a part of a warp (4-16 threads) keep each thread's loads several and the warp's rows
+# many: H100, scripts/long_rows_probe.py, softmax of bf16 [262144, 64] 0.071 ms in rows of
+# a warp, 0.026 in rows of 4 threads; a ViT's [64, 12, 197, 197] 0.127 -> 0.054 (8
+# threads); [65536, 256] and a layer norm of [65536, 512] alike (0.026, 0.050).
+ROW_THREADS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value
 # A row longer than REGISTER_ROW_ELEMENTS loops over global memory once per pass rather
 # than staying in registers: a 32000-element row in registers fills half an SM's register
@@ -51,6 +56,12 @@ REGISTER_ROW_ELEMENTS = 20480
 # not the loop's re-read from L2, bound it; a cluster design would need the exchange off
 # the critical path (mbarriers, rows pipelined per block).
 FLAT_ROWS = True  # ``flat_rows``; False only to measure a row of odd length in vectors of one element
+# A row held in registers takes its flat run's vectors (``flat_rows``) from FLAT_MIN_VECTORS
+# vectors of row on: its two edge vectors move element by element, which a short row does
+# not repay (H100, scripts/long_rows_probe.py, softmax of bf16 rows, 128 MiB, ms in vectors
+# of one element / flat: n = 33 0.116 / 0.147, 77 0.104 / 0.101, 101 0.099 / 0.086, 129 0.161
+# / 0.075, 197 0.112 / 0.060; fp32 softmax of bf16 rows of 77 0.072 / 0.096).
+FLAT_MIN_VECTORS = 12
 # A looped row read once (``expr.reads_rows_once``: logsumexp) takes the narrowest block:
 # H100, scripts/long_rows_probe.py, logsumexp of bf16 [2048, 128256] 0.235 ms in blocks of
 # 1024, 0.202 in 512; 256 and 128 no faster. Measured in session 19 and not kept (ms, H100):
@@ -526,8 +537,8 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
       edge vector at each end shared with the neighbouring rows, whose elements it reads and
       writes one by one (``cute_emit.build_rows``). Operands read once per row (a row value,
       a broadcast) are as they are; a weight every row reads along N (which the row's shift
-      misaligns) element by element; any other operand not back to back is not. Rows of
-      more than ``vector`` elements, so that a row's two edge vectors differ;
+      misaligns) element by element; any other operand not back to back is not. A row in
+      registers of FLAT_MIN_VECTORS vectors or more (a looped row is longer);
     - a pointwise kernel (rows of at least ``vector`` elements, its stores so): a thread
       computes one vector of the run, which may span two rows; the operands not so (a bias
       along the rows, a value per row) are read element by element at
@@ -537,7 +548,7 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
     may stage)."""
     if not FLAT_ROWS or geo.vector >= vector or vector <= 1 or len(geo.outer) != 1 or geo.outer_select:
         return False
-    if geo.n < vector or (not pointwise and geo.n == vector):
+    if geo.n < vector or (geo.row_vectors and geo.n < FLAT_MIN_VECTORS * vector):
         return False
     rows = geo.outer[0]
     for o in geo.operands:
@@ -747,7 +758,9 @@ def _row_tiling(geo: Geometry, sm_count: int, once: bool = False) -> None:
     hide more latency), or the widest; a row read ``once`` (``expr.reads_rows_once``) takes
     the narrowest, as nothing is re-read. Its last pass marks its loads last use from
     LOOP_LAST_USE_BYTES of the row's own operands on."""
-    nvec = -(-geo.n // geo.vector)
+    # a flat row's middle (``flat_rows``) holds at most (n - 2) // vector whole vectors; its
+    # two edge vectors ride apart
+    nvec = max(1, (geo.n - 2) // geo.vector) if geo.flat else -(-geo.n // geo.vector)
     if geo.n <= REGISTER_ROW_ELEMENTS:
         for threads in ROW_THREADS:
             k = -(-nvec // threads)
