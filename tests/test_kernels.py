@@ -760,6 +760,26 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
     assert _checked_geometry(norm_backward, *norm_backward_args((37, 1001))).flat is False  # sums per column
 
 
+def test_short_rows_take_a_part_of_a_warp(torch_kernels):
+    """A row held in registers takes the fewest threads whose vectors fit it
+    (``geometry.ROW_THREADS``), down to 4, so that a short row keeps its threads' loads
+    several and a warp's rows many; more than 4 vectors per thread only where they are
+    vectors of one element (``geometry.ROW_ELEMENTS``) or the block is wide."""
+    bf = torch.bfloat16
+
+    def tiling(fn, *args):
+        geo = _checked_geometry(fn, *args)
+        return geo.row_threads, geo.row_vectors, geo.vector
+
+    softmax = lambda x: torch.softmax(x, -1)
+    assert tiling(softmax, _r(300, 64, dtype=bf)) == (4, 2, 8)
+    assert tiling(softmax, _r(300, 256, dtype=bf)) == (8, 4, 8)
+    assert tiling(softmax, _r(300, 128)) == (8, 4, 4)  # fp32: not 4 threads of 8 vectors
+    assert tiling(softmax, _r(300, 77, dtype=bf)) == (16, 5, 1)  # odd and short: vectors of one element
+    assert tiling(lambda x, w: torch.nn.functional.rms_norm(x, (4096,), w), _r(30, 4096, dtype=bf),
+                  _r(4096, dtype=bf)) == (128, 4, 8)
+
+
 def test_pointwise_over_rows_of_odd_length_moves_whole_vectors_where_they_lie_back_to_back(torch_kernels):
     """A pointwise kernel whose rows of odd length cannot merge into one dim (a bias along
     them, a value per row) computes vectors of the rows' flat run, which may span two rows
