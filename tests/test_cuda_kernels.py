@@ -407,7 +407,7 @@ FLAT_ROWS = {  # arguments named w and b run along the rows (a weight, a bias); 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(81, 50257), (40, 3, 24577), (81, 4097), (40, 3, 197), (1001, 97)])
+@pytest.mark.parametrize("shape", [(81, 50257), (40, 3, 24577), (81, 4097), (40, 3, 197), (1001, 97), (200, 16385)])
 @pytest.mark.parametrize("name", FLAT_ROWS)
 def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
     """Rows of odd length, back to back, too long for registers (the first two shapes) or
@@ -415,7 +415,8 @@ def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
     with its neighbours) element by element, and a weight and a bias element by element
     (``geometry.flat_rows``). 81 * 50257 elements end inside the last vector; the rows of
     [40, 3, n] merge into one mode; rows of 97 are about the shortest that take the flat run
-    (``geometry.FLAT_MIN_VECTORS``), over 4 threads each.
+    (``geometry.FLAT_MIN_VECTORS``), over 4 threads each; rows of 16385 over 256 threads
+    (in vectors of one element they were looped).
     Against float64, then rows of infinities, NaNs and maxima in the first and last
     elements against eager."""
     fn = FLAT_ROWS[name]

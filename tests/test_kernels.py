@@ -752,6 +752,8 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
                 _r(4097, dtype=bf)) == (True, 8, 4)
     assert walk(lambda x: torch.softmax(x.float() * 0.125, -1), _r(3, 5, 197, dtype=bf)) == (True, 8, 3)  # ViT's 197 tokens
     assert walk(lambda x: torch.softmax(x, -1), _r(100, 97, dtype=bf)) == (True, 8, 3)  # over 4 threads
+    # in vectors of one element a row of 16385 did not fit registers (8 per thread at most); flat it does
+    assert walk(lambda x: torch.softmax(x, -1), _r(200, 16385, dtype=bf)) == (True, 8, 8)
     # rows of fewer than FLAT_MIN_VECTORS vectors do not repay their edge vectors
     assert walk(lambda x: torch.softmax(x, -1), _r(100, 8 * geometry.FLAT_MIN_VECTORS - 1, dtype=bf))[:2] == (False, 1)
     assert walk(log_softmax, _r(80, 30008, dtype=bf)[:, :30001])[:2] == (False, 1)

@@ -523,7 +523,7 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
     rows = bool(geo.row_threads) and not geo.split_rows and not prog.across  # looped or in registers
     if (rows or (pointwise and not prog.select_dims)) and flat_rows(geo, widest, pointwise):
         geo.vector, geo.flat = widest, True
-        if geo.row_vectors:  # wider vectors: fewer per thread
+        if rows:  # wider vectors: fewer per thread, and a row looped for its narrow ones may fit registers
             _row_tiling(geo, sm_count, reads_rows_once(prog))
         _call_recipe(geo)  # the pointer checks of the wider vector
     elif pointwise:
@@ -772,7 +772,7 @@ def _row_tiling(geo: Geometry, sm_count: int, once: bool = False) -> None:
         for threads in ROW_THREADS:
             k = -(-nvec // threads)
             if k <= MAX_ROW_VECTORS and (k <= 4 or threads >= 256 or k * geo.vector <= ROW_ELEMENTS):
-                geo.row_threads, geo.row_vectors = threads, k
+                geo.row_threads, geo.row_vectors, geo.last_use = threads, k, False
                 return
     row_bytes = geo.n * sum(o.dtype.itemsize for o in geo.operands if not o.is_store and o.inner_mode != "bcast")
     fits = [t for t in LOOP_THREADS if once or (MAX_THREADS_PER_SM // t) * sm_count * row_bytes <= LOOP_L2_BYTES]
