@@ -688,6 +688,20 @@ def _shifted(geo: Geometry, o, shift, edge: bool):
     return shift if shift is not None and (edge or not vector_access(geo, o)) else None
 
 
+def _flat_row_edges(rt, Tr: int, V: int, shift, count, N, row_ok) -> list:
+    """The chunks of width 1 (element index, predicate, 1) by which a row in registers
+    (``build_rows``' ``body``) holds the elements of its flat run's two edge vectors
+    (``_flat_row_views``): their 2 * V elements, one per thread, ``rt``, ``rt + Tr``, ...
+    Held as whole vectors on two threads, they cost every thread their registers (117
+    against 63 per thread for a softmax over rows of 16385 bf16, 512 threads)."""
+    chunks = []
+    for i in range(-(-2 * V // Tr)):
+        e = rt + i * Tr  # the first vector's elements, then the last's
+        col = _where(e < V, e - shift, (count - 1) * V - shift + (e - V))
+        chunks.append((col, row_ok & (e < 2 * V) & (col >= 0) & (col < N), 1))
+    return chunks
+
+
 def _flat_row_views(geo: Geometry, t2s, tvs, m, N):
     """(shift, count, views) of row ``m`` of a flat row kernel (``geometry.flat_rows``): the
     row's first element lies ``shift`` elements into the first of the ``count`` vectors of
@@ -1069,31 +1083,30 @@ def build_rows(prog: Program, geo: Geometry):
         """One row, held in registers. ``column_accs``: per sum per column, per vector of
         the thread's, its fp32 running sum over the rows this thread has walked."""
         shift = None
-        if geo.flat:  # the middle vectors of the row's run, then threads 0 and 1 an edge vector each
+        # per chunk of the thread's: (index, predicate, width): vector ``index`` of the row,
+        # or, of width 1, element ``index``
+        if geo.flat:  # the middle's whole vectors, then the edge vectors' elements (_flat_row_edges)
             shift, count, tvs = _flat_row_views(geo, t2s, tvs, m, N)
-            at = [(1 + rt + c * Tr, row_ok & (1 + rt + c * Tr < count - 1), False) for c in range(K)]
-            at.append((cutlass.min(rt, 1) * (count - 1), row_ok & (rt < 2), True))
+            at = [(1 + rt + c * Tr, row_ok & (1 + rt + c * Tr < count - 1), V) for c in range(K)]
+            at += _flat_row_edges(rt, Tr, V, shift, count, N, row_ok)
         else:
-            at = [(rt + c * Tr, row_ok & (rt + c * Tr < N // V), False) for c in range(K)]
+            at = [(rt + c * Tr, row_ok & (rt + c * Tr < N // V), V) for c in range(K)]
         chunk_ok = [ok for _, ok, _ in at]
-        # per chunk, which of its elements are the row's: all where its predicate holds, but
-        # in an edge vector
-        lanes = [_lanes_inside(j * V - shift, N, ok, V) if edge else None for j, ok, edge in at]
         loaded = {}
         row_cache: dict = {}
         means: dict = {}
         acc_iter = iter(accs)
 
         def load_chunk(c):
-            j, ok, edge = at[c]
+            j, ok, width = at[c]
 
             def load(ld: Load):
                 slot = geo.load_slot[id(ld)]
                 o = ops[slot]
-                key = (slot, -1 if _mode(o, V) == "bcast" else c)  # a per-row scalar is read once
+                key = (slot, ("row", width) if _mode(o, V) == "bcast" else c)  # a per-row scalar is read once
                 if key not in loaded:
-                    loaded[key] = _load_vector(o, t2s[slot], tvs[slot], m, j, V, N, row_ok if key[1] < 0 else ok,
-                                               edge=_shifted(geo, o, shift, edge))
+                    loaded[key] = _load_vector(o, t2s[slot], tvs[slot], m, j, width, N, ok if key[1] == c else row_ok,
+                                               edge=_shifted(geo, o, shift, False) if width == V else None)
                 return loaded[key]
             return load
 
@@ -1108,12 +1121,7 @@ def build_rows(prog: Program, geo: Geometry):
             identity = cutlass.Float32(_IDENTITY[op])
             part = identity
             for c, ch in enumerate(chunks):
-                x = _centered(_cast(ch.ev(arg), torch.float32), center)
-                if lanes[c] is not None:
-                    part = _COMBINE[op](part, _where(lanes[c], _vector(x, V, torch.float32), _IDENTITY[op])
-                                        .reduce(_VECTOR_OP[op], _IDENTITY[op], 0))
-                    continue
-                r = x.reduce(_VECTOR_OP[op], _IDENTITY[op], 0)
+                r = _centered(_cast(ch.ev(arg), torch.float32), center).reduce(_VECTOR_OP[op], _IDENTITY[op], 0)
                 part = _COMBINE[op](part, cutlass.Float32(cutlass.select_(chunk_ok[c], r, identity)))
             return finish(part, op, tidx, acc_iter)
 
@@ -1125,9 +1133,9 @@ def build_rows(prog: Program, geo: Geometry):
         _store_row_values(prog, geo, t2s, m, row_ok & (rt == 0), row_value)
         for st, slot in zip(prog.stores, geo.store_slot):
             if not st.is_row and not st.across:
-                for c, (j, ok, edge) in enumerate(at):
-                    _store_vector(chunks[c].ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, V, N, ok,
-                                  edge=_shifted(geo, ops[slot], shift, edge))
+                for c, (j, ok, width) in enumerate(at):
+                    _store_vector(chunks[c].ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, width, N, ok,
+                                  edge=_shifted(geo, ops[slot], shift, False) if width == V else None)
 
     def body_looped(t2s, tvs, m, rt, tidx, N, row_ok, accs):
         """One row per block of ``Tr`` threads; thread ``rt`` visits vectors rt, rt+Tr, ...

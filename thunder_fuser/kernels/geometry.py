@@ -34,13 +34,17 @@ MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
 # threads); [65536, 256] and a layer norm of [65536, 512] alike (0.026, 0.050).
 ROW_THREADS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value
-# ... and more than 4 only in blocks of 256 threads or more, or where they hold at most
+# ... and more than 4 only in blocks of WIDE_ROW_THREADS threads or more, or where they hold at most
 # ROW_ELEMENTS elements: vectors of one element (rows of odd length too short for
 # FLAT_MIN_VECTORS), whose loads are many and small. H100, scripts/long_rows_probe.py,
 # softmax of bf16 rows, 128 MiB, ms with 4 such vectors per thread at most / 8: n = 33
 # 0.116 / 0.093, 77 0.104 / 0.080 (eager 0.087). fp32 rows in 8 vectors of 4 (32 elements)
 # ran 3-14% slower than in 4 over twice the threads: n = 77, 128, 200, 1024.
 ROW_ELEMENTS = 8
+# (H100, scripts/long_rows_probe.py, ms: softmax of bf16 [8192, 16384] 0.266 in 256 threads
+# of 8 vectors, 86 registers each; 0.182 in 512 of 4, 63 registers; a log_softmax of the
+# same 0.317 / 0.302; layer and RMS norms of rows of 12-16K alike; 1024 no faster than 512.)
+WIDE_ROW_THREADS = 512
 # A row longer than REGISTER_ROW_ELEMENTS loops over global memory once per pass rather
 # than staying in registers: a 32000-element row in registers fills half an SM's register
 # file, so one block runs per SM and its loads, block reductions and stores do not overlap
@@ -771,7 +775,7 @@ def _row_tiling(geo: Geometry, sm_count: int, once: bool = False) -> None:
     if geo.n <= REGISTER_ROW_ELEMENTS:
         for threads in ROW_THREADS:
             k = -(-nvec // threads)
-            if k <= MAX_ROW_VECTORS and (k <= 4 or threads >= 256 or k * geo.vector <= ROW_ELEMENTS):
+            if k <= MAX_ROW_VECTORS and (k <= 4 or threads >= WIDE_ROW_THREADS or k * geo.vector <= ROW_ELEMENTS):
                 geo.row_threads, geo.row_vectors, geo.last_use = threads, k, False
                 return
     row_bytes = geo.n * sum(o.dtype.itemsize for o in geo.operands if not o.is_store and o.inner_mode != "bcast")
