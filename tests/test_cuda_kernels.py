@@ -408,23 +408,26 @@ FLAT_ROWS = {  # arguments named w and b run along the rows (a weight, a bias); 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(81, 50257), (40, 3, 24577), (81, 4097), (40, 3, 197), (1001, 97), (200, 16385)])
+@pytest.mark.parametrize("shape", [(81, 50257), (40, 3, 24577), (81, 4097), (40, 3, 197), (1001, 97), (1001, 33),
+                                   (200, 16385)])
 @pytest.mark.parametrize("name", FLAT_ROWS)
 def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
     """Rows of odd length, back to back, too long for registers (the first two shapes) or
     held in them: whole vectors of the flat run, each row's first and last vector (shared
     with its neighbours) element by element, and a weight and a bias element by element
     (``geometry.flat_rows``). 81 * 50257 elements end inside the last vector; the rows of
-    [40, 3, n] merge into one mode; rows of 97 are about the shortest that take the flat run
-    (``geometry.FLAT_MIN_VECTORS``), over 4 threads each; rows of 16385 over 512 threads
-    (in vectors of one element they were looped).
+    [40, 3, n] merge into one mode; rows of 97 and 33 take the flat run over 4 threads each
+    (``geometry.FLAT_MIN_VECTORS``: not log_softmax's fp32 results over rows of 33 bf16); rows
+    of 16385 over 512 threads (in vectors of one element they were looped).
     Against float64, then rows of infinities, NaNs and maxima in the first and last
     elements against eager."""
     fn = FLAT_ROWS[name]
     code = fn.__code__
     args = [_randn(*(shape[-1:] if a in "wb" else shape), dtype=dtype) for a in code.co_varnames[:code.co_argcount]]
     jfn, _ = reduce_without_fallback(fn, *args)
-    assert [(g.flat, g.vector > 1) for g in _row_geometries(jfn)] == [(True, True)]
+    wide_stores = name == "log_softmax" and dtype != torch.float32  # fp32 results of 16-bit rows
+    flat = not (wide_stores and shape[-1] < 12 * 8)
+    assert [(g.flat, g.vector > 1) for g in _row_geometries(jfn)] == [(flat, flat)]
     if name in ONLINE_SOFTMAXES and shape[-1] > 77:  # _special_rows writes element 77
         run_without_fallback(fn, _special_rows(args[0].view(-1, shape[-1]), inf=name != "log_softmax"))
 

@@ -757,8 +757,13 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
     assert walk(lambda x: torch.softmax(x, -1), _r(100, 97, dtype=bf)) == (True, 8, 3)  # over 4 threads
     # in vectors of one element a row of 16385 did not fit registers (8 per thread at most); flat it does
     assert walk(lambda x: torch.softmax(x, -1), _r(200, 16385, dtype=bf)) == (True, 8, 4)
-    # rows of fewer than FLAT_MIN_VECTORS vectors do not repay their edge vectors
-    assert walk(lambda x: torch.softmax(x, -1), _r(100, 8 * geometry.FLAT_MIN_VECTORS - 1, dtype=bf))[:2] == (False, 1)
+    # rows of fewer than FLAT_MIN_VECTORS vectors do not repay their edge elements: 3 where
+    # the stores move 16 bytes, 12 where they move more (fp32 results of bf16 rows)
+    assert walk(lambda x: torch.softmax(x, -1), _r(100, 33, dtype=bf)) == (True, 8, 1)
+    assert walk(lambda x: torch.softmax(x, -1), _r(100, 8 * geometry.FLAT_MIN_VECTORS[0] - 1, dtype=bf))[:2] == (False, 1)
+    assert walk(lambda x: torch.softmax(x.float(), -1), _r(100, 77, dtype=bf))[:2] == (False, 1)
+    assert walk(lambda x: torch.softmax(x.float(), -1), _r(100, 97, dtype=bf))[:2] == (True, 8)
+    assert walk(lambda x: torch.logsumexp(x.float(), -1), _r(100, 33, dtype=bf))[:2] == (True, 8)  # row values only
     assert walk(log_softmax, _r(80, 30008, dtype=bf)[:, :30001])[:2] == (False, 1)
     assert walk(log_softmax, _r(81, 30001, dtype=bf)[1:])[:2] == (False, 1)
     assert walk(log_softmax, _r(80, 30000, dtype=bf)) == (False, 8, "looped")  # rows of whole vectors: not flat
@@ -780,7 +785,9 @@ def test_short_rows_take_a_part_of_a_warp(torch_kernels):
     assert tiling(softmax, _r(300, 64, dtype=bf)) == (4, 2, 8)
     assert tiling(softmax, _r(300, 256, dtype=bf)) == (8, 4, 8)
     assert tiling(softmax, _r(300, 128)) == (8, 4, 4)  # fp32: not 4 threads of 8 vectors
-    assert tiling(softmax, _r(300, 77, dtype=bf)) == (16, 5, 1)  # odd and short: vectors of one element
+    assert tiling(softmax, _r(300, 77, dtype=bf)) == (4, 3, 8)  # odd: the flat run's middle, 9 vectors at most
+    # odd, short and stored in fp32: vectors of one element
+    assert tiling(lambda x: torch.softmax(x.float(), -1), _r(300, 77, dtype=bf)) == (16, 5, 1)
     assert tiling(lambda x, w: torch.nn.functional.rms_norm(x, (4096,), w), _r(30, 4096, dtype=bf),
                   _r(4096, dtype=bf)) == (128, 4, 8)
 

@@ -68,11 +68,13 @@ REGISTER_ROW_ELEMENTS = 20480
 # the critical path (mbarriers, rows pipelined per block).
 FLAT_ROWS = True  # ``flat_rows``; False only to measure a row of odd length in vectors of one element
 # A row held in registers takes its flat run's vectors (``flat_rows``) from FLAT_MIN_VECTORS
-# vectors of row on: its two edge vectors move element by element, which a short row does
-# not repay (H100, scripts/long_rows_probe.py, softmax of bf16 rows, 128 MiB, ms in vectors
-# of one element / flat: n = 33 0.116 / 0.147, 77 0.104 / 0.101, 101 0.099 / 0.086, 129 0.161
-# / 0.075, 197 0.112 / 0.060; fp32 softmax of bf16 rows of 77 0.072 / 0.096).
-FLAT_MIN_VECTORS = 12
+# vectors of row on: the first where it stores vectors of 16 bytes at most, the second where
+# it stores wider ones (fp32 results of bf16 rows: two 16-byte stores per vector). Its edge
+# vectors' elements, one per thread, cost a short row more than its whole vectors save
+# below that (H100, scripts/long_rows_probe.py, 128 MiB, ms in vectors of one element /
+# flat: softmax of bf16 rows of 33 0.093 / 0.071, 77 0.080 / 0.059, 101 0.055 either way;
+# an fp32 softmax of bf16 rows of 77 0.058 / 0.072).
+FLAT_MIN_VECTORS = (3, 12)
 # A looped row read once (``expr.reads_rows_once``: logsumexp) takes the narrowest block:
 # H100, scripts/long_rows_probe.py, logsumexp of bf16 [2048, 128256] 0.235 ms in blocks of
 # 1024, 0.202 in 512; 256 and 128 no faster. Measured in session 19 and not kept (ms, H100):
@@ -559,7 +561,8 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
     may stage)."""
     if not FLAT_ROWS or geo.vector >= vector or vector <= 1 or len(geo.outer) != 1 or geo.outer_select:
         return False
-    if geo.n < vector or (geo.row_vectors and geo.n < FLAT_MIN_VECTORS * vector):
+    wide_stores = any(o.is_store and o.inner_mode == "vec" and vector * o.dtype.itemsize > 16 for o in geo.operands)
+    if geo.n < vector or (geo.row_vectors and geo.n < FLAT_MIN_VECTORS[wide_stores] * vector):
         return False
     rows = geo.outer[0]
     for o in geo.operands:
