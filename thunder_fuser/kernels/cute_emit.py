@@ -1080,8 +1080,10 @@ def build_rows(prog: Program, geo: Geometry):
         return _across_threads(part, op, tidx, Tr, warps, acc_iter)
 
     def body(t2s, tvs, m, rt, tidx, N, row_ok, accs, column_accs=()):
-        """One row, held in registers. ``column_accs``: per sum per column, per vector of
-        the thread's, its fp32 running sum over the rows this thread has walked."""
+        """One row, held in registers; a flat row (``geometry.flat_rows``) as its middle's
+        whole vectors and its edge vectors' elements (``_flat_row_edges``). ``column_accs``:
+        per sum per column, per vector of the thread's, its fp32 running sum over the rows
+        this thread has walked."""
         shift = None
         # per chunk of the thread's: (index, predicate, width): vector ``index`` of the row,
         # or, of width 1, element ``index``
@@ -1092,6 +1094,10 @@ def build_rows(prog: Program, geo: Geometry):
         else:
             at = [(rt + c * Tr, row_ok & (rt + c * Tr < N // V), V) for c in range(K)]
         chunk_ok = [ok for _, ok, _ in at]
+
+        def shifted(o, width):  # a flat row's weight, element by element in each whole vector
+            return _shifted(geo, o, shift, False) if width == V else None
+
         loaded = {}
         row_cache: dict = {}
         means: dict = {}
@@ -1106,7 +1112,7 @@ def build_rows(prog: Program, geo: Geometry):
                 key = (slot, ("row", width) if _mode(o, V) == "bcast" else c)  # a per-row scalar is read once
                 if key not in loaded:
                     loaded[key] = _load_vector(o, t2s[slot], tvs[slot], m, j, width, N, ok if key[1] == c else row_ok,
-                                               edge=_shifted(geo, o, shift, False) if width == V else None)
+                                               edge=shifted(o, width))
                 return loaded[key]
             return load
 
@@ -1135,7 +1141,7 @@ def build_rows(prog: Program, geo: Geometry):
             if not st.is_row and not st.across:
                 for c, (j, ok, width) in enumerate(at):
                     _store_vector(chunks[c].ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, width, N, ok,
-                                  edge=_shifted(geo, ops[slot], shift, False) if width == V else None)
+                                  edge=shifted(ops[slot], width))
 
     def body_looped(t2s, tvs, m, rt, tidx, N, row_ok, accs):
         """One row per block of ``Tr`` threads; thread ``rt`` visits vectors rt, rt+Tr, ...
