@@ -417,7 +417,8 @@ def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
     with its neighbours) element by element, and a weight and a bias element by element
     (``geometry.flat_rows``). 81 * 50257 elements end inside the last vector; the rows of
     [40, 3, n] merge into one mode; rows of 97 and 33 take the flat run over 4 threads each
-    (``geometry.FLAT_MIN_VECTORS``: not log_softmax's fp32 results over rows of 33 bf16); rows
+    (``geometry.FLAT_MIN_VECTORS``: not log_softmax's fp32 results over rows of 33 16-bit
+    elements); rows
     of 16385 over 512 threads (in vectors of one element they were looped).
     Against float64, then rows of infinities, NaNs and maxima in the first and last
     elements against eager."""

@@ -774,7 +774,8 @@ def test_short_rows_take_a_part_of_a_warp(torch_kernels):
     """A row held in registers takes the fewest threads whose vectors fit it
     (``geometry.ROW_THREADS``), down to 4, so that a short row keeps its threads' loads
     several and a warp's rows many; more than 4 vectors per thread only where they are
-    vectors of one element (``geometry.ROW_ELEMENTS``) or the block is wide."""
+    vectors of one element (``geometry.ROW_ELEMENTS``) or the block has
+    ``geometry.WIDE_ROW_THREADS`` threads."""
     bf = torch.bfloat16
 
     def tiling(fn, *args):
@@ -790,6 +791,8 @@ def test_short_rows_take_a_part_of_a_warp(torch_kernels):
     assert tiling(lambda x: torch.softmax(x.float(), -1), _r(300, 77, dtype=bf)) == (16, 5, 1)
     assert tiling(lambda x, w: torch.nn.functional.rms_norm(x, (4096,), w), _r(30, 4096, dtype=bf),
                   _r(4096, dtype=bf)) == (128, 4, 8)
+    assert tiling(softmax, _r(300, 16384, dtype=bf)) == (512, 4, 8)  # not 256 threads of 8 vectors
+    assert tiling(softmax, _r(300, 20000, dtype=bf)) == (512, 5, 8)  # 2500 vectors
 
 
 def test_pointwise_over_rows_of_odd_length_moves_whole_vectors_where_they_lie_back_to_back(torch_kernels):
