@@ -19,7 +19,7 @@ from helpers import (
     integer_division, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import segment_kernel
+from thunder_fuser.kernels import geometry, segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
 pytestmark = pytest.mark.cuda
@@ -418,8 +418,7 @@ def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
     (``geometry.flat_rows``). 81 * 50257 elements end inside the last vector; the rows of
     [40, 3, n] merge into one mode; rows of 97 and 33 take the flat run over 4 threads each
     (``geometry.FLAT_MIN_VECTORS``: not log_softmax's fp32 results over rows of 33 16-bit
-    elements); rows
-    of 16385 over 512 threads (in vectors of one element they were looped).
+    elements); rows of 16385 over 512 threads (in vectors of one element they were looped).
     Against float64, then rows of infinities, NaNs and maxima in the first and last
     elements against eager."""
     fn = FLAT_ROWS[name]
@@ -427,7 +426,7 @@ def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
     args = [_randn(*(shape[-1:] if a in "wb" else shape), dtype=dtype) for a in code.co_varnames[:code.co_argcount]]
     jfn, _ = reduce_without_fallback(fn, *args)
     wide_stores = name == "log_softmax" and dtype != torch.float32  # fp32 results of 16-bit rows
-    flat = not (wide_stores and shape[-1] < 12 * 8)
+    flat = not (wide_stores and shape[-1] < geometry.FLAT_MIN_VECTORS[1] * 8)
     assert [(g.flat, g.vector > 1) for g in _row_geometries(jfn)] == [(flat, flat)]
     if name in ONLINE_SOFTMAXES and shape[-1] > 77:  # _special_rows writes element 77
         run_without_fallback(fn, _special_rows(args[0].view(-1, shape[-1]), inf=name != "log_softmax"))

@@ -492,6 +492,11 @@ def ptx_compile(tmp_path, monkeypatch):
     monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", f" --keep-ptx --dump-dir {tmp_path / 'ptx'}")
 
 
+def _global_accesses(ptx: str) -> list:
+    """A kernel's global loads and stores in order (a failed count's message)."""
+    return re.findall(r"[ls][dt]\.global[.\w]*", ptx)
+
+
 def _ptx(compiled) -> str:
     """A compiled kernel's PTX text (CuTe DSL gives the file's path when it was dumped to a
     folder of our choosing)."""
@@ -666,7 +671,7 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         from thunder_fuser.kernels.cute_emit import STREAM_UNROLL
 
         assert ptx.count("ld.global.v4") == 2 * STREAM_UNROLL and ptx.count("st.global.cs.v4") == 2 * STREAM_UNROLL
-        assert ptx.count("ld.global.b16") == 2 * 8 and ptx.count("st.global.b32") == 8, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
+        assert ptx.count("ld.global.b16") == 2 * 8 and ptx.count("st.global.b32") == 8, _global_accesses(ptx)
     if name.startswith("normalization, rows of odd length in registers"):
         # x in whole vectors, row_vectors of them per thread, and its outputs so; the weight
         # element by element in every vector; the two edge vectors' 16 elements one per
@@ -674,10 +679,10 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         (p,) = parts
         k = p.geo.row_vectors
         assert p.geo.row_threads >= 16
-        assert ptx.count("ld.global.v4") == k and ptx.count("st.global.v4") == k, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
-        assert ptx.count("ld.global.b16") == 8 * k + 2 and ptx.count("st.global.b16") == 1, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
+        assert ptx.count("ld.global.v4") == k and ptx.count("st.global.v4") == k, _global_accesses(ptx)
+        assert ptx.count("ld.global.b16") == 8 * k + 2 and ptx.count("st.global.b16") == 1, _global_accesses(ptx)
     if name.startswith("pointwise over a flat run"):  # one vector of x, the bias element by element
-        assert ptx.count("ld.global.v4") == 1 and ptx.count("st.global.v4") == 1, re.findall(r"[ls][dt]\.global[.\w]*", ptx)
+        assert ptx.count("ld.global.v4") == 1 and ptx.count("st.global.v4") == 1, _global_accesses(ptx)
     if name.startswith("pointwise staged"):  # scalar reads along the operand's rows, 128-bit stores
         assert "st.shared" in ptx and "bar.sync" in ptx and "st.global.v4" in ptx, ptx
     if name.startswith("pointwise gather"):

@@ -586,13 +586,13 @@ def _iota_value(o, idx, k: int = 0):
     return cute_dtype(o.dtype)(idx + (start + step * (off + k)))
 
 
-def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, edge=None):
+def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, shift=None):
     """Vector ``j`` of row ``m`` of operand ``o``: one access (stride 1), one element for all
     (stride 0) or ``V`` accesses; zeros where ``pred`` is false. ``tail``: ``N`` may end
     inside the vector (1-D pointwise only). An iota operand is computed, not loaded.
-    ``edge``: ``j`` counts the vectors of a flat row (``geometry.flat_rows``), whose first
-    ``edge`` elements are the row before's: read element by element, the row's only (an edge
-    vector, or an operand that does not move whole vectors: ``_shifted``)."""
+    ``shift``: ``j`` counts the vectors of a flat row (``geometry.flat_rows``), whose first
+    ``shift`` elements are the row before's: read element by element, the row's only (an
+    edge vector, or an operand that does not move whole vectors: ``_shifted``)."""
     mode = _mode(o, V)
     if mode == "bcast":
         one = _frag((1, 1), o.dtype)
@@ -613,8 +613,8 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, edge=None):
             frag[k] = _iota_at(o, t2, m, j * V + k)
         return frag.load()
     frag.fill(0)
-    if mode == "vec" and edge is not None:
-        _gather_if(frag, t2, m, j * V - edge, N, pred, V, True)
+    if mode == "vec" and shift is not None:
+        _gather_if(frag, t2, m, j * V - shift, N, pred, V, True)
     elif mode == "vec" and not tail:
         _copy_if(tv[(None, (m, j))], frag, pred, None if o.same_every_row else _hinted(hint, frag))
     elif mode == "vec":
@@ -624,12 +624,12 @@ def _load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, edge=None):
     return frag.load()
 
 
-def _store_vector(val, o, t2, tv, m, j, V, N, pred, tail=False, hint=None, edge=None):
+def _store_vector(val, o, t2, tv, m, j, V, N, pred, tail=False, hint=None, shift=None):
     frag = _frag((1, V), o.dtype)
     frag.store(_vector(val, V, o.dtype))
     mode = _mode(o, V)
-    if mode == "vec" and edge is not None:
-        _scatter_if(frag, t2, m, j * V - edge, N, pred, V, True)
+    if mode == "vec" and shift is not None:
+        _scatter_if(frag, t2, m, j * V - shift, N, pred, V, True)
     elif mode == "vec" and not tail:
         _copy_if(frag, tv[(None, (m, j))], pred, _hinted(hint, frag))
     elif mode == "vec":
@@ -674,7 +674,7 @@ def _vector_evaluator(geo: Geometry, t2s, tvs, m, j, N, pred, row_value, hint=No
         if slot not in loaded:
             o = geo.operands[slot]
             loaded[slot] = _load_vector(o, t2s[slot], tvs[slot], m, j, geo.vector, N, pred, hint=hint,
-                                        edge=_shifted(geo, o, shift, edge))
+                                        shift=_shifted(geo, o, shift, edge))
         return loaded[slot]
 
     return Evaluator(load, row_value, _no_select)
@@ -1109,10 +1109,11 @@ def build_rows(prog: Program, geo: Geometry):
             def load(ld: Load):
                 slot = geo.load_slot[id(ld)]
                 o = ops[slot]
-                key = (slot, ("row", width) if _mode(o, V) == "bcast" else c)  # a per-row scalar is read once
+                per_row = _mode(o, V) == "bcast"  # a per-row scalar is read once (per chunk width)
+                key = (slot, ("row", width) if per_row else c)
                 if key not in loaded:
-                    loaded[key] = _load_vector(o, t2s[slot], tvs[slot], m, j, width, N, ok if key[1] == c else row_ok,
-                                               edge=shifted(o, width))
+                    loaded[key] = _load_vector(o, t2s[slot], tvs[slot], m, j, width, N, row_ok if per_row else ok,
+                                               shift=shifted(o, width))
                 return loaded[key]
             return load
 
@@ -1141,7 +1142,7 @@ def build_rows(prog: Program, geo: Geometry):
             if not st.is_row and not st.across:
                 for c, (j, ok, width) in enumerate(at):
                     _store_vector(chunks[c].ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, j, width, N, ok,
-                                  edge=shifted(ops[slot], width))
+                                  shift=shifted(ops[slot], width))
 
     def body_looped(t2s, tvs, m, rt, tidx, N, row_ok, accs):
         """One row per block of ``Tr`` threads; thread ``rt`` visits vectors rt, rt+Tr, ...
@@ -1152,33 +1153,34 @@ def build_rows(prog: Program, geo: Geometry):
         shared with the rows before and after, element by element (``walk``)."""
         acc_iter = iter(accs)
         values: dict = {}
-        behind = None  # flat rows: elements of the row before in the row's first vector
+        shift = None  # flat rows: elements of the row before in the row's first vector
         first, end = 0, N // V  # the vectors the loop walks
         if geo.flat:
-            behind, count, tvs = _flat_row_views(geo, t2s, tvs, m, N)
+            shift, count, tvs = _flat_row_views(geo, t2s, tvs, m, N)
             first, end = 1, count - 1
 
         def batch(j, roots, hint=None):
             return _loaded_batch(geo, t2s, tvs, m, j, (0, Tr), row_ok, end, N, _streamed_loads(roots),
-                                 lambda e: values[id(e)], hint, behind)
+                                 lambda e: values[id(e)], hint, shift)
 
         def walk(roots, absorb, hint=None):
-            """``absorb(vectors, edge)`` for every step of this thread's walk of the row:
-            ``vectors`` = [(evaluator, vector index, where its elements are the row's)], the
-            last a predicate, or one per element for an edge vector (``edge``: ``behind``)."""
+            """``absorb(vectors, edge_shift)`` for every step of this thread's walk of the
+            row: ``vectors`` = [(evaluator, vector index, where its elements are the row's)],
+            the last a predicate, or one per element for an edge vector (``edge_shift``: the
+            row's shift there, None in the middle)."""
 
             def step(j):
                 absorb([(ev, jj, pred) for ev, _, jj, pred in batch(j, roots, hint)], None)
 
             _for_range(rt + first, end, Tr * STREAM_UNROLL, step)
-            if behind is not None:
+            if shift is not None:
                 def edge(i):  # i = 0: the row's first vector, 1: its last
                     jj = i * (count - 1)
-                    ev = _vector_evaluator(geo, t2s, tvs, m, jj, N, row_ok, lambda e: values[id(e)], shift=behind,
+                    ev = _vector_evaluator(geo, t2s, tvs, m, jj, N, row_ok, lambda e: values[id(e)], shift=shift,
                                            edge=True)
                     for ld in _streamed_loads(roots):
                         ev.ev(ld)
-                    absorb([(ev, jj, _lanes_inside(jj * V - behind, N, row_ok, V))], behind)
+                    absorb([(ev, jj, _lanes_inside(jj * V - shift, N, row_ok, V))], shift)
 
                 _for_range(rt, 2, Tr, edge)
 
@@ -1243,11 +1245,11 @@ def build_rows(prog: Program, geo: Geometry):
         load_hint = "load" if geo.last_use and "load" in CACHE_HINTS else None
         store_hint = "store" if "store" in CACHE_HINTS else None
 
-        def store(vectors, edge):  # the row's last read, and stores no one reads here: neither should stay in L2
+        def store(vectors, edge_shift):  # the row's last read, and stores no one reads here: neither should stay in L2
             for ev, jj, keep in vectors:
                 for st, slot in full:  # an edge vector's elements are written where they are the row's
                     _store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N,
-                                  row_ok if edge is not None else keep, hint=store_hint, edge=edge)
+                                  row_ok if edge_shift is not None else keep, hint=store_hint, shift=edge_shift)
 
         if full:
             walk([st.expr for st, _ in full], store, load_hint)

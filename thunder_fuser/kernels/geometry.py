@@ -33,18 +33,19 @@ MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
 # a warp, 0.026 in rows of 4 threads; a ViT's [64, 12, 197, 197] 0.127 -> 0.054 (8
 # threads); [65536, 256] and a layer norm of [65536, 512] alike (0.026, 0.050).
 ROW_THREADS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
-MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value
-# ... and more than 4 only in blocks of WIDE_ROW_THREADS threads or more, or where they hold at most
-# ROW_ELEMENTS elements: vectors of one element (rows of odd length too short for
-# FLAT_MIN_VECTORS), whose loads are many and small. H100, scripts/long_rows_probe.py,
-# softmax of bf16 rows, 128 MiB, ms with 4 such vectors per thread at most / 8: n = 33
-# 0.116 / 0.093, 77 0.104 / 0.080 (eager 0.087). fp32 rows in 8 vectors of 4 (32 elements)
-# ran 3-14% slower than in 4 over twice the threads: n = 77, 128, 200, 1024.
-ROW_ELEMENTS = 8
-# (H100, scripts/long_rows_probe.py, ms: softmax of bf16 [8192, 16384] 0.266 in 256 threads
-# of 8 vectors, 86 registers each; 0.182 in 512 of 4, 63 registers; a log_softmax of the
-# same 0.317 / 0.302; layer and RMS norms of rows of 12-16K alike; 1024 no faster than 512.)
+MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value, and
+# more than 4 only in blocks of WIDE_ROW_THREADS threads or more, or where they are at most
+# ROW_ELEMENTS elements (``_row_tiling``). H100, scripts/long_rows_probe.py, ms:
+# - WIDE_ROW_THREADS: softmax of bf16 [8192, 16384] 0.266 in 256 threads of 8 vectors (86
+#   registers each), 0.182 in 512 of 4 (63); a log_softmax of the same 0.317 / 0.302; layer
+#   and RMS norms of rows of 12-16K alike; 1024 no faster than 512;
+# - ROW_ELEMENTS: vectors of one element (rows of odd length too short for
+#   FLAT_MIN_VECTORS), whose loads are many and small; softmax of bf16 rows, 128 MiB, 4 such
+#   vectors per thread at most / 8: n = 33 0.116 / 0.093, 77 0.104 / 0.080 (eager 0.087).
+#   fp32 rows in 8 vectors of 4 (32 elements) ran 3-14% slower than in 4 over twice the
+#   threads: n = 77, 128, 200, 1024.
 WIDE_ROW_THREADS = 512
+ROW_ELEMENTS = 8
 # A row longer than REGISTER_ROW_ELEMENTS loops over global memory once per pass rather
 # than staying in registers: a 32000-element row in registers fills half an SM's register
 # file, so one block runs per SM and its loads, block reductions and stores do not overlap
@@ -573,8 +574,8 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
                 return False
         elif o.is_store and (pointwise or o.inner_mode != "bcast"):  # stored: back to back, or row values
             return False
-        elif o.inner_mode not in ("bcast", "vec") or not (pointwise or o.inner_mode == "bcast" or o.same_every_row):
-            return False
+        elif not (o.inner_mode == "bcast" or (o.inner_mode == "vec" and (pointwise or o.same_every_row))):
+            return False  # read as it is, or element by element: a pointwise operand along N, a row's weight
     return True
 
 
