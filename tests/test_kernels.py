@@ -681,6 +681,15 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         assert p.geo.row_threads >= 16
         assert ptx.count("ld.global.v4") == k and ptx.count("st.global.v4") == k, _global_accesses(ptx)
         assert ptx.count("ld.global.b16") == 8 * k + 2 and ptx.count("st.global.b16") == 1, _global_accesses(ptx)
+    if name.startswith("column reduction (#785"):
+        # the finalize's lanes take consecutive columns (a split's loads coalesce) and its
+        # groups of lanes merge: shuffles across groups only, then shared memory across warps
+        from thunder_fuser.kernels.cute_emit import FINALIZE_COLUMNS
+
+        finalize = ptx[ptx.index(".entry kernel_cutlass_finalize"):]
+        offsets = [int(k) for k in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", finalize)]
+        assert sorted(offsets) == [1 << k for k in range(FINALIZE_COLUMNS.bit_length() - 1, 5)], offsets
+        assert "bar.sync" in finalize and "st.shared" in finalize
     if name.startswith("pointwise over a flat run"):  # one vector of x, the bias element by element
         assert ptx.count("ld.global.v4") == 1 and ptx.count("st.global.v4") == 1, _global_accesses(ptx)
     if name.startswith("pointwise staged"):  # scalar reads along the operand's rows, 128-bit stores

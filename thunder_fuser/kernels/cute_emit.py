@@ -1283,9 +1283,8 @@ def rows_with_column_sums(prog: Program, geo: Geometry, body, ref_slot: int, n_r
     ``build_rows`` holds it, while each thread adds the vectors of its columns into fp32
     registers; then the block's row slots add theirs through shared memory (rows of a warp
     or less share a block) and the first writes the block's partial row into the workspace
-    ``[blocks, sums * N]``. The second: ``FINALIZE_LANES`` lanes per column add the
-    partials (Kahan) and the first stores the per-column values, as a column reduction's
-    finalize does."""
+    ``[blocks, sums * N]``. The second adds each column's partials (Kahan) and stores the
+    per-column values, as a column reduction's finalize does (``_partials_then_finalize``)."""
     V, K, Tr = geo.vector, geo.row_vectors, geo.row_threads
     T, rows_per_block = row_block(geo)
     rank = len(geo.outer) + 1
@@ -1332,8 +1331,8 @@ def rows_with_column_sums(prog: Program, geo: Geometry, body, ref_slot: int, n_r
 
     per_column = [(st, slot) for st, slot in zip(prog.stores, geo.store_slot) if st.across]
 
-    def finalize_body(t2s, ws, M, N, per, c, lane):
-        _finalize_column(per_column, geo, sums, offsets, t2s, ws, M, N, per, c, lane)
+    def finalize_body(t2s, ws, M, N, per, c, group, tidx):
+        _finalize_column(per_column, geo, sums, offsets, t2s, ws, M, N, per, c, group, tidx)
 
     return _partials_then_finalize(
         geo, rank, ref_slot, T, partial_body, finalize_body,
@@ -1437,53 +1436,98 @@ def _groups_to_workspace(acc: cute.Tensor, buf: cute.Tensor, ws: cute.Tensor, ti
 
 # The finalize reads each column's partials of 100+ splits. One thread per column walking
 # them all was latency-bound: 4-16 blocks, 21-39 us each in the GPT block's backward
-# (H100, ncu). FINALIZE_LANES consecutive lanes of a warp now share a column, each walking
-# every FINALIZE_LANES-th split, and combine through butterfly shuffles (every lane ends
-# with the column's result; the first stores it). A lane loads FINALIZE_BATCH splits at a
-# time with no branch between the loads (an index past the end reads the last split and
-# is masked to the identity), so they are in flight together: a loop with a bounds check
-# per load waited for each one (18-34 us per finalize with 8 lanes). A whole warp per
-# column: the block's six finalizes took 32.9 us together against 39.6 with 8 lanes (each
-# 4.9-6.5 us against 4.3-9.3; the workspace was just written, so the loads, one split per
-# lane, come from L2).
-FINALIZE_LANES = 32
+# (H100, ncu). Then a warp per column, each lane walking every 32nd split: but a warp's
+# load then touched 32 splits of one column, 32 sectors for 128 useful bytes, and the
+# finalize of a bias gradient still took 6.0 us against Inductor's 2.2 (torch.profiler,
+# sum(0) of bf16 [262144, 256], 1056 splits); more loads in flight per lane did not help.
+# Now a block of FINALIZE_THREADS takes FINALIZE_COLUMNS consecutive columns, one per lane
+# of each group of FINALIZE_COLUMNS lanes (a split's 32 bytes: one sector), and its
+# FINALIZE_THREADS // FINALIZE_COLUMNS groups walk every group-th split. A thread loads
+# FINALIZE_BATCH splits at a time with no branch between the loads (an index past the end
+# reads the last split and is masked to the identity), so they are in flight together.
+# The groups then merge through shuffles within a warp and shared memory across warps
+# (``_across_groups``). H100, scripts/column_probe.py, ms: the bias gradient above 0.057 ->
+# 0.053 (its finalize 3 us; torch.compile 0.0526), var_mean of NHWC bf16 [64, 256, 56, 56]
+# 0.053 -> 0.051, sum(0) of [65536, 1024] 0.053 -> 0.052. Blocks of 256 threads, 16
+# columns, or 16 splits in flight per thread ran within 2% of these; blocks of 1024 slower.
+FINALIZE_THREADS = 512
+FINALIZE_COLUMNS = 8
 FINALIZE_BATCH = 8
 
 
+def _groups() -> int:
+    """Groups of FINALIZE_COLUMNS threads in a finalize block (read when a kernel is traced,
+    so that a probe may patch the constants)."""
+    return FINALIZE_THREADS // FINALIZE_COLUMNS
+
+
 def _split_batch(ws: cute.Tensor, s0, col, fill):
-    """Column ``col`` of splits ``s0, s0 + FINALIZE_LANES, ...`` (FINALIZE_BATCH of them),
+    """Column ``col`` of splits ``s0, s0 + _groups(), ...`` (FINALIZE_BATCH of them),
     all loaded before any is used, with no branch between the loads: a split past the end
     reads the last one and comes out as ``fill``. Traced inline (a Python loop, unrolled)."""
     S = cute.size(ws, mode=[0])
-    xs = [ws[(cutlass.min(s0 + k * FINALIZE_LANES, S - 1), col)] for k in range(FINALIZE_BATCH)]
-    return [cutlass.select_(s0 + k * FINALIZE_LANES < S, x, fill) for k, x in enumerate(xs)]
+    xs = [ws[(cutlass.min(s0 + k * _groups(), S - 1), col)] for k in range(FINALIZE_BATCH)]
+    return [cutlass.select_(s0 + k * _groups() < S, x, fill) for k, x in enumerate(xs)]
 
 
 @cute.jit
-def _combine_splits(ws: cute.Tensor, col, lane, pred: cutlass.Boolean, combine: cutlass.Constexpr,
+def _store_shared_if(buf: cute.Tensor, i, v, pred: cutlass.Boolean):
+    if pred:
+        buf[i] = v
+
+
+def _across_groups(values: list, merge, tidx) -> list:
+    """A column's values (fp32 scalars, one list per thread) merged over the block's
+    groups: butterfly shuffles between the groups of a warp, then shared memory between
+    warps, merged in warp order. Every thread of the column ends with the same result, the
+    same from run to run. Traced inline; every thread of the block must call it."""
+    CL = FINALIZE_COLUMNS
+    k = CL
+    while k < 32:
+        values = merge(values, [cute.arch.shuffle_sync_bfly(v, offset=k) for v in values])
+        k *= 2
+    warps = FINALIZE_THREADS // 32
+    if warps == 1:
+        return values
+    smem = cutlass.utils.SmemAllocator()
+    bufs = [smem.allocate_tensor(cutlass.Float32, warps * CL) for _ in values]
+    lane, c = tidx % 32, tidx % CL
+    # lanes of one column in a warp may hold results merged in other orders (Chan's merge is
+    # not symmetric): the warp's first group writes
+    for buf, v in zip(bufs, values):
+        _store_shared_if(buf, (tidx // 32) * CL + c, v, lane < CL)
+    cute.arch.sync_threads()
+    values = [buf[c] for buf in bufs]
+    for w in range(1, warps):
+        values = merge(values, [buf[w * CL + c] for buf in bufs])
+    return values
+
+
+@cute.jit
+def _combine_splits(ws: cute.Tensor, col, group, pred: cutlass.Boolean, combine: cutlass.Constexpr,
                     identity: cutlass.Constexpr):
     v = cutlass.Float32(identity)
     if pred:
-        for s0 in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES * FINALIZE_BATCH):
+        for s0 in cutlass.range(group, cute.size(ws, mode=[0]), _groups() * FINALIZE_BATCH):
             for x in _split_batch(ws, s0, col, cutlass.Float32(identity)):
                 v = combine(v, x)
-    return cute.arch.warp_reduction(v, combine, threads_in_group=FINALIZE_LANES)
+    return v
 
 
 @cute.jit
-def _sum_splits(ws: cute.Tensor, col, lane, pred: cutlass.Boolean):
-    """The splits' partial sums, Kahan-compensated per lane: hundreds of splits added one
+def _sum_splits(ws: cute.Tensor, col, group, pred: cutlass.Boolean):
+    """The group's splits' partial sums, Kahan-compensated: hundreds of splits added one
     after the other would each round at the size of the whole sum."""
     v = cutlass.Float32(0.0)
     lost = cutlass.Float32(0.0)
     if pred:
-        for s0 in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES * FINALIZE_BATCH):
+        for s0 in cutlass.range(group, cute.size(ws, mode=[0]), _groups() * FINALIZE_BATCH):
             for x in _split_batch(ws, s0, col, cutlass.Float32(0.0)):
                 y = x - lost
                 t = v + y
                 lost = (t - v) - y
                 v = t
-    return cute.arch.warp_reduction(v - lost, operator.add, threads_in_group=FINALIZE_LANES)
+    return v - lost
 
 
 @cute.jit
@@ -1521,28 +1565,23 @@ def _welford_groups_to_workspace(mean: cute.Tensor, m2: cute.Tensor, buf_mean: c
 
 
 @cute.jit
-def _welford_combine_splits(ws: cute.Tensor, col, lane, N, M, per, pred: cutlass.Boolean):
-    """The splits' summaries merged one after the other per lane, then across the lanes,
-    their means taken relative to the first split's, so that a large mean does not round
-    at every merge."""
+def _welford_splits(ws: cute.Tensor, col, group, N, M, per, pred: cutlass.Boolean):
+    """The group's splits' summaries (count, mean, M2) merged one after the other, their
+    means taken relative to the first split's, so that a large mean does not round at
+    every merge."""
     na = cutlass.Float32(0.0)
     ma = cutlass.Float32(0.0)
     qa = cutlass.Float32(0.0)
     if pred:
         base = ws[(0, col)]
-        for s0 in cutlass.range(lane, cute.size(ws, mode=[0]), FINALIZE_LANES * FINALIZE_BATCH):
+        for s0 in cutlass.range(group, cute.size(ws, mode=[0]), _groups() * FINALIZE_BATCH):
             means = _split_batch(ws, s0, col, cutlass.Float32(0.0))
             m2s = _split_batch(ws, s0, col + N, cutlass.Float32(0.0))
             for k in cutlass.range_constexpr(FINALIZE_BATCH):
                 # rows of split s: none past the end (s * per >= M there), so it merges nothing
-                rows = cutlass.max(cutlass.min(per, M - (s0 + k * FINALIZE_LANES) * per), 0)
+                rows = cutlass.max(cutlass.min(per, M - (s0 + k * _groups()) * per), 0)
                 na, ma, qa = _chan(na, ma, qa, rows.to(cutlass.Float32), means[k] - base, m2s[k])
-    for k in cutlass.range_constexpr(FINALIZE_LANES.bit_length() - 2, -1, -1):  # offsets L/2 .. 1
-        nb = cute.arch.shuffle_sync_bfly(na, offset=1 << k)
-        mb = cute.arch.shuffle_sync_bfly(ma, offset=1 << k)
-        qb = cute.arch.shuffle_sync_bfly(qa, offset=1 << k)
-        na, ma, qa = _chan(na, ma, qa, nb, mb, qb)
-    return qa
+    return na, ma, qa
 
 
 def build_columns(prog: Program, geo: Geometry):
@@ -1551,8 +1590,9 @@ def build_columns(prog: Program, geo: Geometry):
     row groups, one grid row per split of the reduced extent; each thread walks its rows,
     stores the full-domain values on the way and accumulates each reduction in fp32
     registers, then the block's row groups combine through shared memory into the split's
-    partial in a workspace. The second: ``FINALIZE_LANES`` lanes per column combine the
-    splits and the first computes and stores the per-column values."""
+    partial in a workspace. The second: groups of a block's threads walk each column's
+    splits, merge (``_across_groups``), and the first group computes and stores the
+    per-column values."""
     V, CW = geo.vector, geo.col_vectors
     T = COLUMN_THREADS
     RG = T // CW
@@ -1622,8 +1662,8 @@ def build_columns(prog: Program, geo: Geometry):
             else:
                 _groups_to_workspace(acc, bufs[0], ws, tidx, split, col0, offset * N, N, V, CW, RG, _COMBINE[e.op])
 
-    def finalize_body(t2s, ws, M, N, per, c, lane):
-        _finalize_column(per_column, geo, reduces, offsets, t2s, ws, M, N, per, c, lane)
+    def finalize_body(t2s, ws, M, N, per, c, group, tidx):
+        _finalize_column(per_column, geo, reduces, offsets, t2s, ws, M, N, per, c, group, tidx)
 
     return _partials_then_finalize(
         geo, rank, ref_slot, T, partial_body, finalize_body,
@@ -1639,8 +1679,8 @@ def build_split_rows(prog: Program, geo: Geometry):
     split's vectors, store the full-domain values on the way (none of them uses a reduction)
     and reduce each reduction over the split in fp32, in one walk (var: see ``partial_body``). Thread
     0 writes the block's partials into the workspace ``[splits, states * M]``, laid out as a
-    column reduction's with rows for columns. The second: ``FINALIZE_LANES`` lanes per row
-    combine the splits with the column finalize's helpers (Kahan sums, Chan's merges of
+    column reduction's with rows for columns. The second combines each row's splits with
+    the column finalize's helpers (Kahan sums, Chan's merges of
     (count, mean, M2)) and store the per-row values."""
     V, T = geo.vector, geo.row_threads
     warps = T // 32
@@ -1708,44 +1748,48 @@ def build_split_rows(prog: Program, geo: Geometry):
             else:
                 _store_scalar_if(ws, split, offset * M + r, next(it), first_ok)
 
-    def finalize_body(t2s, ws, M, N, per, r, lane):
+    def finalize_body(t2s, ws, M, N, per, r, group, tidx):
         ok = r < M
-        values = _combined_splits(reduces, offsets, ws, M, r, lane, N, per * V, ok)
+        values = _combined_splits(reduces, offsets, ws, M, r, group, tidx, N, per * V, ok)
         m = _row_coord(t2s[ref_slot], cutlass.min(r, M - 1), rank)
-        _store_row_values(prog, geo, t2s, m, ok & (lane == 0), lambda e: values[id(e)])
+        _store_row_values(prog, geo, t2s, m, ok & (group == 0), lambda e: values[id(e)])
 
     return _partials_then_finalize(
         geo, rank, ref_slot, T, partial_body, finalize_body, lambda ws, M, N: [cute.size(ws, mode=[0]), M, 1],
         lambda M, N: M)
 
 
-def _finalize_column(per_column: list, geo: Geometry, reduces, offsets, t2s, ws, M, N, per, c, lane) -> None:
+def _finalize_column(per_column: list, geo: Geometry, reduces, offsets, t2s, ws, M, N, per, c, group, tidx) -> None:
     """Column ``c``'s values, from its partials in the workspace: ``reduces`` combined
     (``_combined_splits``), then each of the ``per_column`` stores, ``(store, slot)``,
-    computed from them and stored by the first lane."""
+    computed from them and stored by the first group."""
     ok = c < N
-    values = _combined_splits(reduces, offsets, ws, N, c, lane, M, per, ok)
+    values = _combined_splits(reduces, offsets, ws, N, c, group, tidx, M, per, ok)
     ev = _row_evaluator(geo, t2s, 0, c, ok, lambda e: values[id(e)])
     for st, slot in per_column:
-        _store_scalar_if(t2s[slot], 0, c, _cast(ev.ev(st.expr), geo.operands[slot].dtype), ok & (lane == 0))
+        _store_scalar_if(t2s[slot], 0, c, _cast(ev.ev(st.expr), geo.operands[slot].dtype), ok & (group == 0))
 
 
-def _combined_splits(reduces, offsets, ws, width, c, lane, count, per, pred) -> dict:
+def _combined_splits(reduces, offsets, ws, width, c, group, tidx, count, per, pred) -> dict:
     """Per reduction (by id), its result for column ``c`` of the workspace's blocks of
     ``width`` (a column of a column reduction, a row of split rows): the splits' partials
-    combined by ``FINALIZE_LANES`` lanes; ``count`` elements reduced in all, ``per`` of them
-    per split (var's merges weigh each split by its count)."""
+    combined by the block's groups (``_across_groups``); ``count`` elements reduced in all,
+    ``per`` of them per split (var's merges weigh each split by its count)."""
     values = {}
     for e, offset in zip(reduces, offsets):
         col = offset * width + c
         if e.op == "var":
-            r = _welford_combine_splits(ws, col, lane, width, count, per, pred) / (count.to(cutlass.Float32) - e.correction)
+            summary = _welford_splits(ws, col, group, width, count, per, pred)
+            _, _, m2 = _across_groups(list(summary), lambda a, b: list(_chan(*a, *b)), tidx)
+            r = m2 / (count.to(cutlass.Float32) - e.correction)
         elif e.op in ("sum", "mean"):
-            r = _sum_splits(ws, col, lane, pred)
+            (r,) = _across_groups([_sum_splits(ws, col, group, pred)], lambda a, b: [a[0] + b[0]], tidx)
             if e.op == "mean":
                 r = r / count.to(cutlass.Float32)
         else:
-            r = _combine_splits(ws, col, lane, pred, _COMBINE[e.op], _IDENTITY[e.op])
+            combine = _COMBINE[e.op]
+            (r,) = _across_groups([_combine_splits(ws, col, group, pred, combine, _IDENTITY[e.op])],
+                                  lambda a, b: [combine(a[0], b[0])], tidx)
         values[id(e)] = _result(r, e.dtype)
     return values
 
@@ -1753,9 +1797,9 @@ def _combined_splits(reduces, offsets, ws, width, c, lane, count, per, pred) -> 
 def _partials_then_finalize(geo: Geometry, rank: int, ref_slot: int, T: int, partial_body, finalize_body, partial_grid,
                             finalized):
     """The two launches of a reduction split across blocks: ``partial_body(t2s, tvs, ws, M,
-    N, per, tidx, block x, block y)`` over ``partial_grid(ws, M, N)``, then
-    ``finalize_body(t2s, ws, M, N, per, c, lane)`` with ``FINALIZE_LANES`` lanes for each
-    of ``finalized(M, N)`` results."""
+    N, per, tidx, block x, block y)`` over ``partial_grid(ws, M, N)`` in blocks of ``T``,
+    then ``finalize_body(t2s, ws, M, N, per, c, group, tidx)`` for each of ``finalized(M,
+    N)`` results ``c``, FINALIZE_COLUMNS of them per block of FINALIZE_THREADS."""
     V = geo.vector
 
     @cute.kernel
@@ -1768,15 +1812,15 @@ def _partials_then_finalize(geo: Geometry, rank: int, ref_slot: int, T: int, par
     def finalize(t2s, ws: cute.Tensor, M: cutlass.Int32, N: cutlass.Int32, per: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        g = bidx * T + tidx
-        finalize_body(t2s, ws, M, N, per, g // FINALIZE_LANES, g % FINALIZE_LANES)
+        c = bidx * FINALIZE_COLUMNS + tidx % FINALIZE_COLUMNS
+        finalize_body(t2s, ws, M, N, per, c, tidx // FINALIZE_COLUMNS, tidx)
 
     @cute.jit
     def launch(ts, ws: cute.Tensor, per: cutlass.Int32, stream):
         t2s, tvs, M, N = _operand_views(ts, geo, rank, V, ref_slot)
         partial(t2s, tvs, ws, M, N, per).launch(grid=partial_grid(ws, M, N), block=[T, 1, 1], stream=stream)
-        finalize(t2s, ws, M, N, per).launch(grid=[(finalized(M, N) * FINALIZE_LANES + T - 1) // T, 1, 1],
-                                            block=[T, 1, 1], stream=stream)
+        finalize(t2s, ws, M, N, per).launch(grid=[(finalized(M, N) + FINALIZE_COLUMNS - 1) // FINALIZE_COLUMNS, 1, 1],
+                                            block=[FINALIZE_THREADS, 1, 1], stream=stream)
 
     return launch
 
