@@ -417,17 +417,16 @@ def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
     with its neighbours) element by element, and a weight and a bias element by element
     (``geometry.flat_rows``). 81 * 50257 elements end inside the last vector; the rows of
     [40, 3, n] merge into one mode; rows of 97 and 33 take the flat run over 4 threads each
-    (``geometry.FLAT_MIN_VECTORS``: not log_softmax's fp32 results over rows of 33 16-bit
-    elements); rows of 16385 over 512 threads (in vectors of one element they were looped).
+    (``geometry.FLAT_MIN_VECTORS``; log_softmax's fp32 results of 16-bit rows in vectors of
+    4, ``geometry.vector_width``); rows of 16385 over 512 threads (in vectors of one element
+    they were looped).
     Against float64, then rows of infinities, NaNs and maxima in the first and last
     elements against eager."""
     fn = FLAT_ROWS[name]
     code = fn.__code__
     args = [_randn(*(shape[-1:] if a in "wb" else shape), dtype=dtype) for a in code.co_varnames[:code.co_argcount]]
     jfn, _ = reduce_without_fallback(fn, *args)
-    wide_stores = name == "log_softmax" and dtype != torch.float32  # fp32 results of 16-bit rows
-    flat = not (wide_stores and shape[-1] < geometry.FLAT_MIN_VECTORS[1] * 8)
-    assert [(g.flat, g.vector > 1) for g in _row_geometries(jfn)] == [(flat, flat)]
+    assert [(g.flat, g.vector > 1) for g in _row_geometries(jfn)] == [(True, True)]
     if name in ONLINE_SOFTMAXES and shape[-1] > 77:  # _special_rows writes element 77
         run_without_fallback(fn, _special_rows(args[0].view(-1, shape[-1]), inf=name != "log_softmax"))
 

@@ -660,18 +660,24 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         assert "rcp.rn.f32" in ptx and "div.rn.f32" not in ptx, re.findall(r"(?:div|rcp)\.[\w.]+", ptx)
     if name.startswith("normalization, row too long for registers (log_softmax"):
         # the max and the sum of exp(x - max) in one pass (online softmax), then the stores:
-        # two passes of STREAM_UNROLL vector loads each, not three
-        from thunder_fuser.kernels.cute_emit import STREAM_UNROLL
+        # two passes of loads, not three. The fp32 results move in 16-byte vectors of 4
+        # (``geometry.vector_width``), so x in 8-byte ones, twice as many per loop step
+        # (``cute_emit._unroll``); the last pass's stores stream
+        from thunder_fuser.kernels.cute_emit import STREAM_UNROLL, _unroll
 
-        assert ptx.count("ld.global.v4") == 2 * STREAM_UNROLL, ptx.count("ld.global.v4")
-        assert ptx.count("st.global.cs.v4") == 2 * STREAM_UNROLL  # its last pass's fp32 stores stream
+        (p,) = parts
+        u = _unroll(p.geo)
+        assert p.geo.vector == 4 and u == 2 * STREAM_UNROLL
+        assert ptx.count("ld.global.v4.b16") == 2 * u and ptx.count("st.global.cs.v4.b32") == u, _global_accesses(ptx)
     if name.startswith("normalization, rows of odd length too long"):
         # both passes load whole vectors, and the last stores them; each pass's edge vector,
         # shared with a neighbouring row, moves element by element
-        from thunder_fuser.kernels.cute_emit import STREAM_UNROLL
+        from thunder_fuser.kernels.cute_emit import _unroll
 
-        assert ptx.count("ld.global.v4") == 2 * STREAM_UNROLL and ptx.count("st.global.cs.v4") == 2 * STREAM_UNROLL
-        assert ptx.count("ld.global.b16") == 2 * 8 and ptx.count("st.global.b32") == 8, _global_accesses(ptx)
+        (p,) = parts
+        u, v = _unroll(p.geo), p.geo.vector
+        assert ptx.count("ld.global.v4.b16") == 2 * u and ptx.count("st.global.cs.v4.b32") == u, _global_accesses(ptx)
+        assert ptx.count("ld.global.b16") == 2 * v and ptx.count("st.global.b32") == v, _global_accesses(ptx)
     if name.startswith("normalization, rows of odd length in registers"):
         # x in whole vectors, row_vectors of them per thread, and its outputs so; the weight
         # element by element in every vector; the two edge vectors' 16 elements one per
@@ -756,7 +762,8 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
         assert geo.row_threads and not geo.split_rows
         return geo.flat, geo.vector, "looped" if geo.looped else geo.row_vectors
 
-    assert walk(log_softmax, _r(81, 50257, dtype=bf)) == (True, 8, "looped")
+    # fp32 results of bf16 rows: vectors of 4, whose stores move 16 bytes (``geometry.vector_width``)
+    assert walk(log_softmax, _r(81, 50257, dtype=bf)) == (True, 4, "looped")
     assert walk(lambda x: torch.logsumexp(x.float(), -1), _r(81, 50257, dtype=bf)) == (True, 8, "looped")  # row values stored
     assert walk(lambda x: F.layer_norm(x, (30001,)), _r(80, 30001, dtype=bf)) == (True, 8, "looped")
     assert walk(lambda x: torch.softmax(x, -1), _r(80, 30001)) == (True, 4, "looped")
@@ -767,20 +774,20 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
     assert walk(lambda x: torch.softmax(x, -1), _r(64, 4097, dtype=bf)) == (True, 8, 4)
     assert walk(lambda x, w, b: F.layer_norm(x, (4097,), w, b), _r(33, 4097, dtype=bf), _r(4097, dtype=bf),
                 _r(4097, dtype=bf)) == (True, 8, 4)
-    assert walk(lambda x: torch.softmax(x.float() * 0.125, -1), _r(3, 5, 197, dtype=bf)) == (True, 8, 3)  # ViT's 197 tokens
+    assert walk(lambda x: torch.softmax(x.float() * 0.125, -1), _r(3, 5, 197, dtype=bf)) == (True, 4, 3)  # ViT's 197 tokens
     assert walk(lambda x: torch.softmax(x, -1), _r(100, 97, dtype=bf)) == (True, 8, 3)  # over 4 threads
     # in vectors of one element a row of 16385 did not fit registers (8 per thread at most); flat it does
     assert walk(lambda x: torch.softmax(x, -1), _r(200, 16385, dtype=bf)) == (True, 8, 4)
-    # rows of fewer than FLAT_MIN_VECTORS vectors do not repay their edge elements: 3 where
-    # the stores move 16 bytes, 12 where they move more (fp32 results of bf16 rows)
+    # rows of fewer than FLAT_MIN_VECTORS vectors do not repay their edge elements
     assert walk(lambda x: torch.softmax(x, -1), _r(100, 33, dtype=bf)) == (True, 8, 1)
-    assert walk(lambda x: torch.softmax(x, -1), _r(100, 8 * geometry.FLAT_MIN_VECTORS[0] - 1, dtype=bf))[:2] == (False, 1)
-    assert walk(lambda x: torch.softmax(x.float(), -1), _r(100, 77, dtype=bf))[:2] == (False, 1)
-    assert walk(lambda x: torch.softmax(x.float(), -1), _r(100, 97, dtype=bf))[:2] == (True, 8)
+    assert walk(lambda x: torch.softmax(x, -1), _r(100, 8 * geometry.FLAT_MIN_VECTORS - 1, dtype=bf))[:2] == (False, 1)
+    assert walk(lambda x: torch.softmax(x.float(), -1), _r(100, 4 * geometry.FLAT_MIN_VECTORS, dtype=bf)[:, 1:])[:2] == (
+        False, 1)
+    assert walk(lambda x: torch.softmax(x.float(), -1), _r(100, 77, dtype=bf))[:2] == (True, 4)
     assert walk(lambda x: torch.logsumexp(x.float(), -1), _r(100, 33, dtype=bf))[:2] == (True, 8)  # row values only
     assert walk(log_softmax, _r(80, 30008, dtype=bf)[:, :30001])[:2] == (False, 1)
     assert walk(log_softmax, _r(81, 30001, dtype=bf)[1:])[:2] == (False, 1)
-    assert walk(log_softmax, _r(80, 30000, dtype=bf)) == (False, 8, "looped")  # rows of whole vectors: not flat
+    assert walk(log_softmax, _r(80, 30000, dtype=bf)) == (False, 4, "looped")  # rows of whole vectors: not flat
     assert _checked_geometry(norm_backward, *norm_backward_args((37, 1001))).flat is False  # sums per column
 
 
@@ -789,7 +796,8 @@ def test_short_rows_take_a_part_of_a_warp(torch_kernels):
     (``geometry.ROW_THREADS``), down to 4, so that a short row keeps its threads' loads
     several and a warp's rows many; more than 4 vectors per thread only where they are
     vectors of one element (``geometry.ROW_ELEMENTS``) or the block has
-    ``geometry.WIDE_ROW_THREADS`` threads."""
+    ``geometry.WIDE_ROW_THREADS`` threads, and there only where a block twice as wide would
+    hold more than ``geometry.PAIRED_BLOCK_ELEMENTS`` elements per thread."""
     bf = torch.bfloat16
 
     def tiling(fn, *args):
@@ -801,12 +809,16 @@ def test_short_rows_take_a_part_of_a_warp(torch_kernels):
     assert tiling(softmax, _r(300, 256, dtype=bf)) == (8, 4, 8)
     assert tiling(softmax, _r(300, 128)) == (8, 4, 4)  # fp32: not 4 threads of 8 vectors
     assert tiling(softmax, _r(300, 77, dtype=bf)) == (4, 3, 8)  # odd: the flat run's middle, 9 vectors at most
-    # odd, short and stored in fp32: vectors of one element
-    assert tiling(lambda x: torch.softmax(x.float(), -1), _r(300, 77, dtype=bf)) == (16, 5, 1)
+    # odd and stored in fp32: the flat run's middle in vectors of 4, 16-byte stores (18 vectors at most)
+    assert tiling(lambda x: torch.softmax(x.float(), -1), _r(300, 77, dtype=bf)) == (8, 3, 4)
     assert tiling(lambda x, w: torch.nn.functional.rms_norm(x, (4096,), w), _r(30, 4096, dtype=bf),
                   _r(4096, dtype=bf)) == (128, 4, 8)
     assert tiling(softmax, _r(300, 16384, dtype=bf)) == (512, 4, 8)  # not 256 threads of 8 vectors
-    assert tiling(softmax, _r(300, 20000, dtype=bf)) == (512, 5, 8)  # 2500 vectors
+    assert tiling(softmax, _r(300, 20000, dtype=bf)) == (512, 5, 8)  # 2500 vectors: 1024 threads would hold 24 elements
+    # 4096 vectors of 4: 1024 threads hold 16 elements each (PAIRED_BLOCK_ELEMENTS), not 512 threads 32
+    assert tiling(lambda x: torch.log_softmax(x.float(), -1), _r(30, 16384, dtype=bf)) == (1024, 4, 4)
+    assert tiling(softmax, _r(30, 16384)) == (1024, 4, 4)
+    assert tiling(softmax, _r(30, 20000)) == (1024, 5, 4)  # 512 threads would hold 10 vectors
 
 
 def test_pointwise_over_rows_of_odd_length_moves_whole_vectors_where_they_lie_back_to_back(torch_kernels):
@@ -824,7 +836,8 @@ def test_pointwise_over_rows_of_odd_length_moves_whole_vectors_where_they_lie_ba
     bias = _r(4098, dtype=bf)[1:]  # misaligned: read element by element
     assert walk(gelu_bias, _r(33, 4097, dtype=bf), bias) == (True, 8, 2)  # x and the output
     assert walk(lambda x, s, b: x * s + b, _r(7, 5, 4099), _r(7, 5, 1), _r(4099)) == (True, 4, 2)
-    assert walk(lambda m, x: torch.where(m, x, 0.0), _r(1001, 9) > 0, _r(9)) == (True, 8, 2)  # a bool mask, vectors span rows
+    # a bool mask, vectors span rows; fp32 stores: vectors of 4 (``geometry.vector_width``)
+    assert walk(lambda m, x: torch.where(m, x, 0.0), _r(1001, 9) > 0, _r(9)) == (True, 4, 2)
     assert walk(lambda x, b: x + b, _r(1001, 9, dtype=bf), _r(9, dtype=bf)) == (True, 8, 2)  # vectors span rows
     assert walk(lambda x, b: x + b, _r(64, 5, dtype=bf), _r(5, dtype=bf))[0] is False  # rows shorter than a vector
     assert walk(lambda x, y: x + y.t(), _r(64, 4097, dtype=bf), _r(4097, 64, dtype=bf))[0] is False

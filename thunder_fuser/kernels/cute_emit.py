@@ -48,6 +48,7 @@ from thunder_fuser.kernels.expr import (
 from thunder_fuser.kernels import packed_narrowing
 from thunder_fuser.kernels.geometry import (
     COLUMN_THREADS, Geometry, column_state_offsets, mapped_layout, ref_first, row_block, stage_tile, vector_access,
+    vector_width,
 )
 
 DTYPES = {
@@ -1146,7 +1147,7 @@ def build_rows(prog: Program, geo: Geometry):
 
     def body_looped(t2s, tvs, m, rt, tidx, N, row_ok, accs):
         """One row per block of ``Tr`` threads; thread ``rt`` visits vectors rt, rt+Tr, ...
-        in every pass, STREAM_UNROLL of them per loop step (``_loaded_batch``). Reductions
+        in every pass, ``_unroll`` of them per loop step (``_loaded_batch``). Reductions
         run in dependency order (softmax: max, then the sum of exp(x - max)); a later pass
         reads the earlier results as row scalars. Flat rows (``geometry.flat_rows``): the
         loop walks the whole vectors inside the row, and threads 0 and 1 its edge vectors,
@@ -1172,7 +1173,7 @@ def build_rows(prog: Program, geo: Geometry):
             def step(j):
                 absorb([(ev, jj, pred) for ev, _, jj, pred in batch(j, roots, hint)], None)
 
-            _for_range(rt + first, end, Tr * STREAM_UNROLL, step)
+            _for_range(rt + first, end, Tr * _unroll(geo), step)
             if shift is not None:
                 def edge(i):  # i = 0: the row's first vector, 1: its last
                     jj = i * (count - 1)
@@ -1353,14 +1354,23 @@ def _rescale(old, shift):
     return cutlass.select_(old == -math.inf, cutlass.Float32(0.0), cute.math.exp(_finite_or_zero(old) - shift))
 
 
+def _unroll(geo: Geometry) -> int:
+    """Vectors a thread loads per step of a loop: STREAM_UNROLL 16-byte vectors of the
+    narrowest operand, so more where the vector is narrowed to the widest store's 16 bytes
+    (``geometry.vector_width``): a step keeps as many bytes in flight. H100,
+    scripts/long_rows_probe.py: log_softmax fp32 of bf16 [4096, 32000] (looped) took 0.315
+    ms in 4 vectors of 8 per step, 0.333 in 4 of 4 and 0.289 in 8 of 4."""
+    return STREAM_UNROLL * vector_width(geo.operands, False) // vector_width(geo.operands)
+
+
 def _loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads, row_value, hint=None,
                   shift=None) -> list:
-    """One step of a thread's loop: (evaluator, row, vector index, predicate) of STREAM_UNROLL
-    vectors, the u-th at ``(m + u * step[0], j + u * step[1])`` (along a row, or down a
+    """One step of a thread's loop: (evaluator, row, vector index, predicate) of
+    ``_unroll`` vectors, the u-th at ``(m + u * step[0], j + u * step[1])`` (along a row, or down a
     column), with ``loads`` issued for all before any math uses one. A vector whose moving
     coordinate is at or past ``end`` loads nothing. ``shift``: a flat row's (``_shifted``)."""
     batch = []
-    for u in range(STREAM_UNROLL):
+    for u in range(_unroll(geo)):
         mm, jj = m + u * step[0], j + u * step[1]
         pred = ok & ((mm if step[0] else jj) < end)
         ev = _vector_evaluator(geo, t2s, tvs, mm, jj, N, pred, row_value, hint, shift)
@@ -1650,7 +1660,7 @@ def build_columns(prog: Program, geo: Geometry):
                     else:
                         acc.store(_COMBINE[e.op](acc.load(), _where(pred, x, _IDENTITY[e.op])))
 
-        _for_range(start, r1, RG * STREAM_UNROLL, step)
+        _for_range(start, r1, RG * _unroll(geo), step)
         smem = cutlass.utils.SmemAllocator()
         bufs = [smem.allocate_tensor(cutlass.Float32, V * T) for _ in range(2)]  # at most 16 KB
         col0 = bx * CW * V
@@ -1732,7 +1742,7 @@ def build_split_rows(prog: Program, geo: Geometry):
                     v = f(_vector(ev.ev(reduces[i].arg), V, torch.float32)).reduce(_VECTOR_OP[op], _IDENTITY[op], 0)
                     a[0] = _COMBINE[op](a[0], cutlass.select_(pred, v, cutlass.Float32(_IDENTITY[op])))
 
-        _for_range(j0 + tidx, j1, T * STREAM_UNROLL, step)
+        _for_range(j0 + tidx, j1, T * _unroll(geo), step)
         smem = iter(_shared_accumulators(T, warps, len(terms) + 1))
         sums = [_across_threads(a[0], op, tidx, T, warps, smem) for (_, op, _), a in zip(terms, accs)]
         it = iter(sums)

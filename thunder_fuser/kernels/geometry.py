@@ -26,7 +26,15 @@ from thunder_fuser.backends.reference import REFERENCE_IMPLS
 from thunder_fuser.kernels.expr import (Load, Program, Unsupported, column_sums, has_reduce, reads_rows_once,
                                         reductions_in_order)
 
-MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
+MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16
+# A vector is 16 bytes of the narrowest operand, but never more than 16 bytes of the widest
+# store (``vector_width``): a warp's store of 32-byte vectors (fp32 results of bf16) moved
+# in two 16-byte halves, each writing half of every sector it touched. H100,
+# scripts/long_rows_probe.py, ms, vectors of 8 / 4: x.float() * 2 of bf16 [8192, 8192]
+# 0.147 / 0.139; softmax fp32 of bf16 [8192, 4096] 0.083 / 0.072; log_softmax fp32 of bf16
+# [16384, 4096] 0.151 / 0.139, [65536, 1024] 0.145 / 0.139, [1024, 128256] (looped) 0.427 /
+# 0.363; torch.compile 0.139, 0.090, 0.16-0.19, 0.47, 0.39-0.54.
+VECTOR_BY_STORES = True  # False only to measure vectors of 16 bytes of the narrowest operand
 # Threads per row held in registers: the fewest whose vectors fit (``_row_tiling``). Rows
 # of a part of a warp (4-16 threads) keep each thread's loads several and the warp's rows
 # many: H100, scripts/long_rows_probe.py, softmax of bf16 [262144, 64] 0.071 ms in rows of
@@ -35,16 +43,24 @@ MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16, 32 of fp32
 ROW_THREADS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MAX_ROW_VECTORS = 8  # per thread: a persistent row holds at most 8 vectors per value, and
 # more than 4 only in blocks of WIDE_ROW_THREADS threads or more, or where they are at most
-# ROW_ELEMENTS elements (``_row_tiling``). H100, scripts/long_rows_probe.py, ms:
+# ROW_ELEMENTS elements (``_row_tiling``); in blocks of WIDE_ROW_THREADS only where a block
+# twice as wide would hold more than PAIRED_BLOCK_ELEMENTS elements per thread: at most
+# that many, two blocks of 1024 fit an SM's registers. H100, scripts/long_rows_probe.py, ms:
 # - WIDE_ROW_THREADS: softmax of bf16 [8192, 16384] 0.266 in 256 threads of 8 vectors (86
 #   registers each), 0.182 in 512 of 4 (63); a log_softmax of the same 0.317 / 0.302; layer
 #   and RMS norms of rows of 12-16K alike; 1024 no faster than 512;
+# - PAIRED_BLOCK_ELEMENTS: vectors of 4 (fp32 rows, fp32 results of bf16 rows:
+#   ``vector_width``) in 512 threads of 8 / 1024 of 4: log_softmax fp32 of bf16 [8192,
+#   16384] 0.355 / 0.275 (torch.compile 0.285), softmax fp32 [4096, 16384] 0.203 / 0.184;
+#   vectors of 8 in 512 threads of 5 / 1024 of 3 (24 elements): softmax of bf16 [4096,
+#   20000] 0.114 / 0.157, layer_norm 0.113 / 0.127;
 # - ROW_ELEMENTS: vectors of one element (rows of odd length too short for
 #   FLAT_MIN_VECTORS), whose loads are many and small; softmax of bf16 rows, 128 MiB, 4 such
 #   vectors per thread at most / 8: n = 33 0.116 / 0.093, 77 0.104 / 0.080 (eager 0.087).
 #   fp32 rows in 8 vectors of 4 (32 elements) ran 3-14% slower than in 4 over twice the
 #   threads: n = 77, 128, 200, 1024.
 WIDE_ROW_THREADS = 512
+PAIRED_BLOCK_ELEMENTS = 16
 ROW_ELEMENTS = 8
 # A row longer than REGISTER_ROW_ELEMENTS loops over global memory once per pass rather
 # than staying in registers: a 32000-element row in registers fills half an SM's register
@@ -69,13 +85,13 @@ REGISTER_ROW_ELEMENTS = 20480
 # the critical path (mbarriers, rows pipelined per block).
 FLAT_ROWS = True  # ``flat_rows``; False only to measure a row of odd length in vectors of one element
 # A row held in registers takes its flat run's vectors (``flat_rows``) from FLAT_MIN_VECTORS
-# vectors of row on: the first where it stores vectors of 16 bytes at most, the second where
-# it stores wider ones (fp32 results of bf16 rows: two 16-byte stores per vector). Its edge
-# vectors' elements, one per thread, cost a short row more than its whole vectors save
-# below that (H100, scripts/long_rows_probe.py, 128 MiB, ms in vectors of one element /
-# flat: softmax of bf16 rows of 33 0.093 / 0.071, 77 0.080 / 0.059, 101 0.055 either way;
-# an fp32 softmax of bf16 rows of 77 0.058 / 0.072).
-FLAT_MIN_VECTORS = (3, 12)
+# vectors of row on. Its edge vectors' elements, one per thread, cost a short row more than
+# its whole vectors save below that (H100, scripts/long_rows_probe.py, 128 MiB, ms in
+# vectors of one element / flat: softmax of bf16 rows of 33 0.093 / 0.071, 77 0.080 /
+# 0.059, 101 0.055 either way). An fp32 softmax of bf16 rows of 77 took 0.058 / 0.072 while
+# its vectors were 8 elements (two 16-byte stores each; it then took 12 vectors), 0.058 /
+# 0.052 in vectors of 4 (``vector_width``).
+FLAT_MIN_VECTORS = 3
 # A looped row read once (``expr.reads_rows_once``: logsumexp) takes the narrowest block:
 # H100, scripts/long_rows_probe.py, logsumexp of bf16 [2048, 128256] 0.235 ms in blocks of
 # 1024, 0.202 in 512; 256 and 128 no faster. Measured in session 19 and not kept (ms, H100):
@@ -505,9 +521,7 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
         o.inner_mode == "gather" and not o.is_store for o in operands
     ):
         raise Unsupported("a reduction over dims that are innermost for some operands and not for others")
-    vec_ops = [o for o in operands if o.inner_mode == "vec"]
-    itemsize = min((o.dtype.itemsize for o in vec_ops), default=4)
-    vector = widest = min(MAX_VECTOR, max(1, 16 // itemsize)) if vec_ops else 1
+    vector = widest = vector_width(operands)
     inner_bounds = _select_bounds(prog, inner_sel)  # pieces along the vector dim must hold whole vectors
     while vector > 1 and not _vector_fits(vector, operands, bases, n, bool(outer) or prog.family == "rows", inner_bounds):
         vector //= 2
@@ -541,6 +555,19 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
     return geo
 
 
+def vector_width(operands: list, by_stores: bool | None = None) -> int:
+    """Elements per vector: 16 bytes of the narrowest operand accessed in vectors, at most
+    16 bytes of the widest such store (``VECTOR_BY_STORES``), at most MAX_VECTOR."""
+    vec = [o.dtype.itemsize for o in operands if o.inner_mode == "vec"]
+    if not vec:
+        return 1
+    stores = [o.dtype.itemsize for o in operands if o.inner_mode == "vec" and o.is_store]
+    vector = min(MAX_VECTOR, max(1, 16 // min(vec)))
+    if stores and (VECTOR_BY_STORES if by_stores is None else by_stores):
+        vector = min(vector, max(1, 16 // max(stores)))
+    return vector
+
+
 def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
     """Whether a kernel narrowed below ``vector`` (rows of odd length: a row starts 16 bytes
     apart from the last only every few rows) can still load and store whole vectors of the
@@ -562,8 +589,7 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
     may stage)."""
     if not FLAT_ROWS or geo.vector >= vector or vector <= 1 or len(geo.outer) != 1 or geo.outer_select:
         return False
-    wide_stores = any(o.is_store and o.inner_mode == "vec" and vector * o.dtype.itemsize > 16 for o in geo.operands)
-    if geo.n < vector or (geo.row_vectors and geo.n < FLAT_MIN_VECTORS[wide_stores] * vector):
+    if geo.n < vector or (geo.row_vectors and geo.n < FLAT_MIN_VECTORS * vector):
         return False
     rows = geo.outer[0]
     for o in geo.operands:
@@ -779,7 +805,10 @@ def _row_tiling(geo: Geometry, sm_count: int, once: bool = False) -> None:
     if geo.n <= REGISTER_ROW_ELEMENTS:
         for threads in ROW_THREADS:
             k = -(-nvec // threads)
-            if k <= MAX_ROW_VECTORS and (k <= 4 or threads >= WIDE_ROW_THREADS or k * geo.vector <= ROW_ELEMENTS):
+            wider = 2 * threads if 2 * threads in ROW_THREADS else 0  # the block twice as wide, if any
+            paired = wider and -(-nvec // wider) * geo.vector <= PAIRED_BLOCK_ELEMENTS
+            if k <= MAX_ROW_VECTORS and (k <= 4 or (threads >= WIDE_ROW_THREADS and not paired)
+                                         or k * geo.vector <= ROW_ELEMENTS):
                 geo.row_threads, geo.row_vectors, geo.last_use = threads, k, False
                 return
     row_bytes = geo.n * sum(o.dtype.itemsize for o in geo.operands if not o.is_store and o.inner_mode != "bcast")
