@@ -26,6 +26,14 @@ BROADCAST_BOOL = Program(
     ["t0 = torch.where(c > 0, c, 0.1 * c)", "t1 = torch.sigmoid(t0)", "t2 = t0 + a", "t3 = t1 + a"], ["t2", "t3"],
 )
 
+# found by the split-row property on the GPU (session 21): outer modes that do not merge (b
+# broadcast along the first, not the second), so a row's coordinate is a tuple, which the
+# loop step added the row's (zero) offset to
+SPLIT_OUTER_MODES = Program(
+    [Argument((3, 3, 129), "float32", "contiguous"), Argument((1, 3, 1), "float32", "contiguous")],
+    ["t0 = torch.tanh(a)", "t1 = b + a"], ["t1", "t1.sum(-1)"],
+)
+
 
 @given(programs())  # about 0.1 s an example on the CPU
 @example(ALL_ONES)
@@ -75,6 +83,7 @@ def rows_split_early():
 
 @settings(max_examples=kernel_examples(20))
 @given(programs(reduction="last"))
+@example(SPLIT_OUTER_MODES)
 def test_random_reductions_over_split_rows_compile_to_ptx(program):
     mp = rows_split_early()
     try:
@@ -86,6 +95,7 @@ def test_random_reductions_over_split_rows_compile_to_ptx(program):
 @pytest.mark.cuda
 @settings(max_examples=kernel_examples(40))
 @given(programs(reduction="last"))
+@example(SPLIT_OUTER_MODES)
 def test_random_reductions_over_split_rows_match_float64_on_kernels(program):
     mp = rows_split_early()
     try:

@@ -1371,7 +1371,9 @@ def _loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads,
     coordinate is at or past ``end`` loads nothing. ``shift``: a flat row's (``_shifted``)."""
     batch = []
     for u in range(_unroll(geo)):
-        mm, jj = m + u * step[0], j + u * step[1]
+        # a coordinate that does not move stays as it is: a row's may be a tuple (outer modes that do not merge)
+        mm = m + u * step[0] if step[0] else m
+        jj = j + u * step[1] if step[1] else j
         pred = ok & ((mm if step[0] else jj) < end)
         ev = _vector_evaluator(geo, t2s, tvs, mm, jj, N, pred, row_value, hint, shift)
         for ld in loads:
