@@ -34,6 +34,9 @@ MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16
 # 0.147 / 0.139; softmax fp32 of bf16 [8192, 4096] 0.083 / 0.072; log_softmax fp32 of bf16
 # [16384, 4096] 0.151 / 0.139, [65536, 1024] 0.145 / 0.139, [1024, 128256] (looped) 0.427 /
 # 0.363; torch.compile 0.139, 0.090, 0.16-0.19, 0.47, 0.39-0.54.
+# Wider loads cost nothing (a load's second half hits L1): capped at 16 bytes of the widest
+# load too, fp32 inputs of bf16 results (a cast, an RMSNorm, a softmax, a residual add) ran
+# within 1%, at the copy bandwidth either way.
 VECTOR_BY_STORES = True  # False only to measure vectors of 16 bytes of the narrowest operand
 # Threads per row held in registers: the fewest whose vectors fit (``_row_tiling``). Rows
 # of a part of a warp (4-16 threads) keep each thread's loads several and the warp's rows
