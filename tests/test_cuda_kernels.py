@@ -19,7 +19,7 @@ from helpers import (
     integer_division, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import geometry, segment_kernel
+from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 
 pytestmark = pytest.mark.cuda

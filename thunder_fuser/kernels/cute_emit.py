@@ -1482,12 +1482,6 @@ def _split_batch(ws: cute.Tensor, s0, col, fill):
     return [cutlass.select_(s0 + k * _groups() < S, x, fill) for k, x in enumerate(xs)]
 
 
-@cute.jit
-def _store_shared_if(buf: cute.Tensor, i, v, pred: cutlass.Boolean):
-    if pred:
-        buf[i] = v
-
-
 def _across_groups(values: list, merge, tidx) -> list:
     """A column's values (fp32 scalars, one list per thread) merged over the block's
     groups: butterfly shuffles between the groups of a warp, then shared memory between
@@ -1502,16 +1496,16 @@ def _across_groups(values: list, merge, tidx) -> list:
     if warps == 1:
         return values
     smem = cutlass.utils.SmemAllocator()
-    bufs = [smem.allocate_tensor(cutlass.Float32, warps * CL) for _ in values]
-    lane, c = tidx % 32, tidx % CL
+    bufs = [smem.allocate_tensor(cutlass.Float32, cute.make_layout((warps, CL), stride=(CL, 1))) for _ in values]
+    c = tidx % CL
     # lanes of one column in a warp may hold results merged in other orders (Chan's merge is
     # not symmetric): the warp's first group writes
     for buf, v in zip(bufs, values):
-        _store_shared_if(buf, (tidx // 32) * CL + c, v, lane < CL)
+        _store_scalar_if(buf, tidx // 32, c, v, tidx % 32 < CL)
     cute.arch.sync_threads()
-    values = [buf[c] for buf in bufs]
+    values = [buf[(0, c)] for buf in bufs]
     for w in range(1, warps):
-        values = merge(values, [buf[w * CL + c] for buf in bufs])
+        values = merge(values, [buf[(w, c)] for buf in bufs])
     return values
 
 
@@ -1794,14 +1788,15 @@ def _combined_splits(reduces, offsets, ws, width, c, group, tidx, count, per, pr
             summary = _welford_splits(ws, col, group, width, count, per, pred)
             _, _, m2 = _across_groups(list(summary), lambda a, b: list(_chan(*a, *b)), tidx)
             r = m2 / (count.to(cutlass.Float32) - e.correction)
-        elif e.op in ("sum", "mean"):
-            (r,) = _across_groups([_sum_splits(ws, col, group, pred)], lambda a, b: [a[0] + b[0]], tidx)
-            if e.op == "mean":
-                r = r / count.to(cutlass.Float32)
         else:
             combine = _COMBINE[e.op]
-            (r,) = _across_groups([_combine_splits(ws, col, group, pred, combine, _IDENTITY[e.op])],
-                                  lambda a, b: [combine(a[0], b[0])], tidx)
+            if e.op in ("sum", "mean"):
+                part = _sum_splits(ws, col, group, pred)
+            else:
+                part = _combine_splits(ws, col, group, pred, combine, _IDENTITY[e.op])
+            (r,) = _across_groups([part], lambda a, b: [combine(a[0], b[0])], tidx)
+            if e.op == "mean":
+                r = r / count.to(cutlass.Float32)
         values[id(e)] = _result(r, e.dtype)
     return values
 
