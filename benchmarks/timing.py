@@ -12,7 +12,9 @@ from the wall clock.
   instead, and the result says so (``graph: False``): that number includes host time
   whenever the host is slower than the GPU.
 * ``host_us``: the wall clock of many back-to-back calls on small inputs, divided by their
-  number: what a user pays per call when kernels are tiny.
+  number: what a user pays per call when kernels are tiny. ``host_us_interleaved`` times
+  several callables in turns, so that a host which slows down for a while (the H100 host's
+  per-call numbers moved by half between runs) slows every row alike.
 """
 
 from __future__ import annotations
@@ -98,3 +100,22 @@ def host_us(fn, args: tuple, calls: int = 200) -> float:
         torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - t0) / calls * 1e6)
     return best
+
+
+def host_us_interleaved(fns: dict, calls: int = 500, rounds: int = 15) -> dict:
+    """name -> (least, median) microseconds per call of each of ``fns``, over ``rounds``
+    turns of ``calls`` back-to-back calls each, the callables taking turns. The least is
+    the cost itself (the host only ever adds to it); the median says how steady it was."""
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    torch.cuda.synchronize()
+    runs = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            runs[name].append((time.perf_counter() - t0) / calls * 1e6)
+    return {name: (min(us), statistics.median(us)) for name, us in runs.items()}

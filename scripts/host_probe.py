@@ -1,18 +1,27 @@
 """Where the host time of one small region call goes (dev aid; run on the GPU machine).
 
-Prints microseconds per call, each from the wall clock of many back-to-back calls, for the
-pieces of a region call: thunder's call, our runner (its generated straight-line code,
-``runtime/straight_line.py``), the general path (``Plan.run``), the segment's run, the bare
-TVM-FFI kernel call, and the torch pieces a call makes (allocation, as_strided), beside one
-eager op; last, both paths with the launch replaced by a no-op (our dispatch alone)."""
+Prints microseconds per call for the pieces of a region call: thunder's call, our runner
+(its generated straight-line code, ``runtime/straight_line.py``; the same code with the
+kernel as CuTe DSL's compiled object, as before ``cache.direct_function``, and with the
+launch a no-op: our dispatch alone), the general path (``Plan.run``), the segment's run,
+the bare TVM-FFI kernel call, and the torch pieces a call makes (allocation, as_strided),
+beside eager ops. The rows take turns (``host_us_interleaved``): the host's speed moves
+from minute to minute. Last, the floor under any launch from this host: one CUDA launch
+from C (``cudaLaunchKernel``, and ``cudaLaunchKernelExC`` with the attributes CuTe DSL
+sets), where nvcc is there."""
+import os
+import subprocess
+import tempfile
+
 import thunder_fuser  # noqa: F401
 import thunder
 import torch
 import tvm_ffi
 
-from benchmarks.timing import host_us
+from benchmarks.timing import host_us_interleaved
 from benchmarks.workloads import gelu_bias
 from thunder_fuser import fuser_ex
+from thunder_fuser.kernels import cache, segment_kernel
 from thunder_fuser.runtime.plan import spec_key
 from thunder_fuser.runtime.region_runner import RegionRunner
 from thunder_fuser.runtime.straight_line import straight_line
@@ -56,38 +65,110 @@ def main():
         return [empty_like_out() if i == out_slot else b for i, b in enumerate(bases)]
 
     nop = tvm_ffi.get_global_func("testing.nop")  # the FFI crossing alone, no launch
-    rows = [
-        ("eager x + 1", lambda: x + 1),
-        ("eager gelu(x + b)", lambda: gelu_bias(x, b)),
-        ("thunder + fuser call", lambda: j(x, b)),
-        ("region runner (straight-line)", lambda: runner(*args)),
-        ("general path (plan.run)", lambda: plan.run(args)),
-        ("segment kernel run", lambda: k.run(dict(env))),
-        ("bare TVM-FFI kernel call", lambda: part.fn(views)),
+    # the same kernel as CuTe DSL's compiled object returns it (its Python wrappers), beside
+    # the TVM-FFI function a plan calls (``cache.direct_function``)
+    direct, cache.direct_function = cache.direct_function, lambda c: c
+    os.environ["THUNDER_FUSER_DISK_CACHE"] = "0"
+    cache.clear_memory()
+    wrapped = segment_kernel.compile_program(part.prog, part.geo, dev)
+    cache.direct_function = direct
+    unwrapped = direct(wrapped)
+    out_view = bases[out_slot]
+    launch = part.fn
+
+    def straight_line_with(fn):
+        """The runner's code written with ``fn`` as the kernel (the code holds it as a constant)."""
+        part.fn = fn
+        try:
+            return straight_line(plan, spec_key(args))
+        finally:
+            part.fn = launch
+
+    fast_wrapped = straight_line_with(wrapped)  # as before ``cache.direct_function``
+    fast_nop = straight_line_with(lambda views: None)  # our dispatch alone
+    assert runner.fast is not None and fast_wrapped is not None and fast_nop is not None
+    rows = {
+        "eager x + 1": lambda: x + 1,
+        "eager gelu(x + b)": lambda: gelu_bias(x, b),
+        "eager out.add_(1), in place": lambda: out_view.add_(1),
+        "thunder + fuser call": lambda: j(x, b),
+        "region runner (straight-line)": lambda: runner(*args),
+        "  its straight-line code alone": lambda: runner.fast(args),
+        "  ... kernel as CuTe DSL object": lambda: fast_wrapped(args),
+        "  ... launch a no-op": lambda: fast_nop(args),
+        "general path (plan.run)": lambda: plan.run(args),
+        "segment kernel run": lambda: k.run(dict(env)),
+        f"bare kernel call ({type(launch).__name__})": lambda: launch(views),
+        "  CuTe DSL's compiled object": lambda: wrapped(views),
+        "  its TVM-FFI function": lambda: unwrapped(views),
         # the same launch with its output allocated fresh per call, as the runner's is, and
         # with an allocation beside it that the launch does not use
-        ("launch into a fresh output", lambda: part.fn(views_for_call(part.geo, fresh_bases()))),
-        ("launch + unused allocation", lambda: (part.fn(views), empty_like_out())),
-        ("TVM-FFI no-op, same operands", lambda: nop(views)),
-        ("torch.empty_strided", lambda: torch.empty_strided((8, 64), (64, 1), **bf)),
-        ("torch.empty", lambda: torch.empty((8, 64), dtype=bf["dtype"], device=dev)),
-        ("x.new_empty", lambda: x.new_empty((8, 64))),
-        ("one as_strided", lambda: x.as_strided((512,), (1,), 0)),
-        ("b.expand", lambda: b.expand(8, 64)),
-        ("views_for_call", lambda: views_for_call(part.geo, bases)),
-    ]
-    print("host us per call")
-    for name, fn in rows:
-        print(f"  {name:28s} {host_us(fn, (), 2000):7.1f}")
-    # our dispatch alone: both paths with the launch replaced by a no-op
-    launch, part.fn = part.fn, lambda views: None
-    try:
-        fast = straight_line(plan, spec_key(args))
-        assert runner.fast is not None and fast is not None
-        print(f"  {'straight-line, no launch':28s} {host_us(lambda: fast(args), (), 2000):7.1f}")
-        print(f"  {'general path, no launch':28s} {host_us(lambda: plan.run(args), (), 2000):7.1f}")
-    finally:
-        part.fn = launch
+        "launch into a fresh output": lambda: launch(views_for_call(part.geo, fresh_bases())),
+        "launch + unused allocation": lambda: (launch(views), empty_like_out()),
+        "TVM-FFI no-op, same operands": lambda: nop(views),
+        "torch.cuda._sleep(0)": lambda: torch.cuda._sleep(0),
+        "torch.empty_strided": lambda: torch.empty_strided((8, 64), (64, 1), **bf),
+        "torch.empty": lambda: torch.empty((8, 64), dtype=bf["dtype"], device=dev),
+        "x.new_empty": lambda: x.new_empty((8, 64)),
+        "one as_strided": lambda: x.as_strided((512,), (1,), 0),
+        "b.expand": lambda: b.expand(8, 64),
+        "views_for_call": lambda: views_for_call(part.geo, bases),
+    }
+    us = host_us_interleaved(rows)
+    print("host us per call (least / median of 15 turns of 500 calls, the rows taking turns)")
+    for name, (least, median) in us.items():
+        print(f"  {name:32s} {least:6.1f} {median:6.1f}")
+    for name, floor in launch_floor():
+        print(f"  {name:32s} {floor:6.1f}")
+    runner_us, eager_us = us["region runner (straight-line)"][0], us["eager x + 1"][0]
+    print(f"region runner {runner_us:.1f} us = {runner_us / eager_us:.2f} x eager x + 1 ({eager_us:.1f} us)")
+
+
+_FLOOR = r"""
+#include <chrono>
+#include <cstdio>
+#include <cuda_runtime.h>
+__global__ void k(float *p) { if (p && threadIdx.x == 1024) p[0] = 1; }
+int main() {
+  const int n = 20000;
+  float *p = nullptr;
+  void *args[] = {&p};
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[0].val.programmaticStreamSerializationAllowed = 0;
+  at[1].id = cudaLaunchAttributeCooperative; at[1].val.cooperative = 0;
+  cudaLaunchConfig_t cfg = {dim3(8), dim3(64), 0, 0, at, 2};
+  for (int mode = 0; mode < 2; ++mode) {
+    double best = 1e30;
+    for (int rep = 0; rep < 4; ++rep) {
+      cudaDeviceSynchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; ++i) {
+        if (mode == 0) k<<<8, 64>>>(p);
+        else cudaLaunchKernelExC(&cfg, (const void *)k, args);
+      }
+      cudaDeviceSynchronize();
+      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+      if (rep && us < best) best = us;
+    }
+    if (cudaGetLastError() != cudaSuccess) return 1;
+    printf("%s %.2f\n", mode ? "cudaLaunchKernelExC" : "cudaLaunchKernel", best);
+  }
+}
+"""
+
+
+def launch_floor() -> list:
+    """(name, us) of one launch of an empty kernel from C, or nothing without nvcc."""
+    with tempfile.TemporaryDirectory() as d:
+        src, exe = os.path.join(d, "floor.cu"), os.path.join(d, "floor")
+        with open(src, "w") as f:
+            f.write(_FLOOR)
+        try:
+            subprocess.run(["nvcc", "-O2", "-arch=native", src, "-o", exe], check=True, capture_output=True, timeout=120)
+            out = subprocess.run([exe], check=True, capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError) as e:
+            return [(f"C launch floor: {type(e).__name__}", float("nan"))]
+    return [(f"C {name}", float(us)) for name, us in (line.split() for line in out.splitlines())]
 
 
 if __name__ == "__main__":

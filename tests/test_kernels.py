@@ -497,10 +497,12 @@ def _global_accesses(ptx: str) -> list:
     return re.findall(r"[ls][dt]\.global[.\w]*", ptx)
 
 
-def _ptx(compiled) -> str:
+def _ptx(fn) -> str:
     """A compiled kernel's PTX text (CuTe DSL gives the file's path when it was dumped to a
     folder of our choosing)."""
-    ptx = compiled.artifacts.PTX
+    from thunder_fuser.kernels import cache
+
+    ptx = cache.compiled_object(fn).artifacts.PTX
     return Path(ptx).read_text() if ptx.endswith(".ptx") and Path(ptx).is_file() else ptx
 
 
@@ -971,7 +973,8 @@ while not os.path.exists(sys.argv[1]):  # both processes compile at the same mom
     time.sleep(0.01)
 assert backend.cute_available()
 before = set(sys.modules)
-segment_kernel.compile_program(part.prog, part.geo, None)
+fn = segment_kernel.compile_program(part.prog, part.geo, None)
+print(type(fn).__module__, type(fn).__name__)
 print(sorted(m for m in set(sys.modules) - before if m.startswith("tvm_ffi")))
 print(cache.stats["compiled"], cache.stats["loaded"])
 """
@@ -981,7 +984,9 @@ def test_two_processes_compiling_one_kernel_share_the_disk_cache(tmp_path):
     """Each writer renames a private file into place, so two at once leave one whole kernel
     and no temporaries, and a third process loads it instead of compiling. That load imports
     no TVM-FFI module: the import (40-100 ms on the H100 host) comes with the DSL's, once per
-    process, not with the first kernel."""
+    process, not with the first kernel. A launch goes straight to TVM-FFI's function in the
+    processes that compiled the kernel as in the one that loaded it, never through CuTe
+    DSL's two Python wrappers of it (``cache.direct_function``)."""
     pytest.importorskip("cutlass")
     import subprocess
     import sys
@@ -994,9 +999,11 @@ def test_two_processes_compiling_one_kernel_share_the_disk_cache(tmp_path):
     go.touch()
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    assert all(out.splitlines()[-3] == "tvm_ffi.core Function" for out, _ in outs), outs
     files = [f.name for f in (tmp_path / "cache").rglob("*") if f.is_file()]
     assert len(files) == 1 and files[0].endswith(".o"), files
     third = subprocess.run([sys.executable, "-c", _COMPILE_ONE, str(go)], env=env, cwd=root, capture_output=True, text=True)
     assert third.returncode == 0, third.stderr[-2000:]
     assert third.stdout.split()[-2:] == ["0", "1"], third.stdout  # compiled 0, loaded 1
     assert third.stdout.splitlines()[-2] == "[]", third.stdout  # no TVM-FFI module imported by the load
+    assert third.stdout.splitlines()[-3] == "tvm_ffi.core Function", third.stdout

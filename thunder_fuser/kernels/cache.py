@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 _memory: dict[str, object] = {}
+_compiled: dict[int, object] = {}  # id of a function in _memory -> what cute.compile returned (its PTX)
 stats = {"compiled": 0, "loaded": 0, "hits": 0, "compile_s": 0.0, "load_s": 0.0}
 
 
@@ -74,9 +75,33 @@ def get_or_compile(key, build):
         stats["compiled"] += 1
         stats["compile_s"] += time.perf_counter() - t0
         _export(compiled, path, name)
-        fn = compiled
+        fn = direct_function(compiled)
+        _compiled[id(fn)] = compiled
     _memory[digest] = fn
     return fn
+
+
+def direct_function(compiled):
+    """The TVM-FFI function inside what ``cute.compile`` returns, so that a launch goes
+    straight to C, as a kernel loaded from disk does.
+
+    CuTe DSL wraps its compiled function in a Python ``__call__`` (for keyword and pointer
+    arguments) and that in a generated keyword wrapper: two Python frames per launch, which
+    the process that compiled a kernel paid on every call and a process loading it from disk
+    did not. We pass neither keywords nor pointers, so the wrappers have nothing to do.
+    Where the compiled object holds no TVM-FFI function (compiled for another GPU than this
+    process runs on: CI's PTX) or takes pointer arguments, it is kept as it is."""
+    get = getattr(compiled, "__tvm_ffi_object__", None)
+    args = getattr(compiled, "execution_args", None)
+    if get is None or getattr(args, "has_pointer_address_arg_specs", True):
+        return compiled
+    return get() or compiled
+
+
+def compiled_object(fn):
+    """What ``cute.compile`` returned for ``fn`` (its ``artifacts.PTX``), where this process
+    compiled it."""
+    return _compiled[id(fn)]
 
 
 def _export(compiled, path: Path, name: str) -> None:
@@ -95,3 +120,4 @@ def _export(compiled, path: Path, name: str) -> None:
 
 def clear_memory() -> None:
     _memory.clear()
+    _compiled.clear()
