@@ -47,8 +47,8 @@ from thunder_fuser.kernels.expr import (
 )
 from thunder_fuser.kernels import packed_narrowing
 from thunder_fuser.kernels.geometry import (
-    COLUMN_THREADS, Geometry, column_state_offsets, mapped_layout, ref_first, row_block, stage_tile, vector_access,
-    vector_width,
+    COLUMN_THREADS, Geometry, Run, column_state_offsets, mapped_layout, operand_align, ref_first, row_block, stage_tile,
+    vector_access, vector_width,
 )
 
 DTYPES = {
@@ -470,25 +470,32 @@ def _vector_view(t2: cute.Tensor, V: int) -> cute.Tensor:
     return cute.make_tensor(t2.iterator, layout)
 
 
-def _from_bases(ts, maps: tuple, ref: int):
+def _from_bases(ts, geo: Geometry):
     """The operands passed as their base tensors (``Geometry.base_maps``), built here, in
-    the launch function, rather than by an ``as_strided`` per call: each mode a base dim,
-    or a broadcast with the extent of operand ``ref``, or extent 1."""
+    the launch function, rather than by an ``as_strided`` per call: each mode a base dim, a
+    run of them or a slice of one, a broadcast with the extent of operand ``geo.map_ref``,
+    or extent 1; an operand with an offset comes as (base, element offset), its pointer
+    re-aligned to its vector (``align_checks`` checked that per call: the compiler cannot
+    know an offset's alignment)."""
+    maps, ref = geo.base_maps, geo.map_ref
     if not any(maps):
         return ts
     out = list(ts)
     for i in ref_first(len(ts), ref):
-        if maps[i]:
-            b = out[i]
-            shape, stride = mapped_layout(maps[i], b.shape, b.stride, out[ref].shape)
-            out[i] = cute.make_tensor(b.iterator, cute.make_layout(shape, stride=stride))
+        m = maps[i]
+        if m:
+            b, ptr = (out[i][0], out[i][0].iterator + out[i][1]) if m.offset else (out[i], out[i].iterator)
+            if m.offset and operand_align(geo, geo.operands[i]) > ptr.alignment:
+                ptr = ptr.align(operand_align(geo, geo.operands[i]))
+            shape, stride = mapped_layout(m, b.shape, b.stride, out[ref].shape)
+            out[i] = cute.make_tensor(ptr, cute.make_layout(shape, stride=stride))
     return tuple(out)
 
 
 def _operand_views(ts, geo: Geometry, rank: int, V: int, ref_slot: int):
     """Every operand as 2-D ``(M, N)`` and tiled by vectors, and the extents of the domain
     (read from a stored operand: pieces of a cat have their own ``N``)."""
-    ts = _from_bases(ts, geo.base_maps, geo.map_ref)
+    ts = _from_bases(ts, geo)
     t2s = tuple(_as_2d(t, rank) for t in ts)
     tvs = tuple(_vector_view(t, V) for t in t2s)
     ref = t2s[ref_slot]
@@ -550,14 +557,24 @@ def fake_operands(geo: Geometry):
         for r, s in enumerate(o.stride[:-1] if geo.outer else ()):
             strides.append(0 if s == 0 else 1 if r == staged_mode else cute.sym_int64(divisibility=n_div if vec else 1))
         strides.append(1 if vec else (0 if o.inner_mode == "bcast" else cute.sym_int64()))
-        align = min(16, geo.vector * o.dtype.itemsize) if vector_access(geo, o) else o.dtype.itemsize
+        align = operand_align(geo, o)
         m = geo.base_maps[len(fakes)] if geo.base_maps else None
-        if m:  # the base tensor as it is: its dims carry the symbols of the modes they are
-            base = geo.bases[o.source]
-            mode_of = {d: j for j, d in enumerate(m) if d >= 0}
-            shape = [shape[mode_of[d]] if d in mode_of else 1 for d in range(base.ndim)]
-            strides = [strides[mode_of[d]] if d in mode_of else cute.sym_int64() for d in range(base.ndim)]
-        fakes.append(make_fake_tensor(cute_dtype(o.dtype), tuple(shape), tuple(strides), assumed_align=align))
+        if not m:
+            fakes.append(make_fake_tensor(cute_dtype(o.dtype), tuple(shape), tuple(strides), assumed_align=align))
+            continue
+        # the base tensor as it is: a dim that is a mode carries the mode's symbols, the
+        # innermost dim of a run its stride; every other extent and stride is free
+        ndim = geo.bases[o.source].ndim
+        bshape, bstride = [cute.sym_int32() for _ in range(ndim)], [cute.sym_int64() for _ in range(ndim)]
+        for j, e in enumerate(m.modes):
+            if isinstance(e, Run):
+                bstride[e.dims[-1]] = strides[j]
+            elif e >= 0:
+                bshape[e], bstride[e] = shape[j], strides[j]
+        # an offset start's alignment is checked per call and restored by the launch function
+        base = make_fake_tensor(cute_dtype(o.dtype), tuple(bshape), tuple(bstride),
+                                assumed_align=o.dtype.itemsize if m.offset else align)
+        fakes.append((base, cute.sym_int64()) if m.offset else base)
     return tuple(fakes)
 
 

@@ -7,7 +7,8 @@ strides, and every intermediate's strides follow from them). The result has two 
   strides are 0 or 1, vector width, row tiling). It goes into the compile key; extents and
   other strides stay symbolic, so one kernel serves every size with that signature.
 * the *views*: per operand, the (shape, stride, offset) that presents its tensor to the
-  kernel as ``[outer dims innermost-first..., N]``. Per call that is one ``as_strided``.
+  kernel as ``[outer dims innermost-first..., N]``. The kernel's launch function builds
+  most views from their base tensors (``BaseMap``); any other is one ``as_strided`` per call.
 
 Dims are ordered by the first stored output's allocation order (so its innermost dim is the
 vector dim). A reduction whose reduced dims are innermost in memory is a *row* reduction
@@ -19,6 +20,7 @@ merge when every operand steps through them as through one dim (the TensorIterat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -238,12 +240,13 @@ class Geometry:
     stage: tuple = ()  # pointwise: (outer mode, operand slots) read through shared-memory tiles, the
     #                    operands contiguous along that mode and strided along N (``_transpose_stage``)
     bases: list = field(default_factory=list)  # the first call's tensors the operands view
-    call_views: tuple = ()  # per operand: (base index, None where the base is the view as it is, else
-    #                        (shape, stride, element offset) of its ``as_strided``)
+    call_views: tuple = ()  # per operand: (base index, None where the base is passed as it is, an int
+    #                        where it is passed beside that element offset, else (shape, stride,
+    #                        element offset) of its ``as_strided``)
     align_checks: tuple = ()  # per vector operand: (base, byte offset, alignment) checked per call
-    # per operand: None, or what the kernel's launch function builds it from (its base tensor
-    # passed as it is, no ``as_strided`` per call): per operand mode, the base dim it is, or
-    # BROADCAST (stride 0, the extent of operand ``map_ref``'s mode), ONE or ONE_BROADCAST (extent 1)
+    # per operand: None, or the BaseMap by which the kernel's launch function builds it from its
+    # base tensor (passed as it is, no ``as_strided`` per call; broadcast modes take the extent
+    # of operand ``map_ref``'s mode)
     base_maps: tuple = ()
     map_ref: int = 0
 
@@ -692,8 +695,8 @@ def aligned(checks, tensors) -> bool:
 
 def _call_recipe(geo: Geometry) -> None:
     """What a call needs beyond the base tensors, computed once: which operands are their
-    base tensor as it is (passed without a view), the view of the others, and which base
-    pointers to check."""
+    base tensor as it is (passed without a view, or beside the element offset of their first
+    element), the view of the others, and which base pointers to check."""
 
     def view(o):
         b = geo.bases[o.source]
@@ -702,18 +705,48 @@ def _call_recipe(geo: Geometry) -> None:
         return (o.shape, o.stride, o.offset)
 
     ops = geo.operands
-    geo.map_ref = next((i for i in geo.store_slot if 0 not in ops[i].stride), geo.store_slot[0])
+    geo.map_ref = _map_ref(geo)
     maps = [None] * len(ops)
     for i in ref_first(len(ops), geo.map_ref):
         if view(ops[i]) is not None:
-            maps[i] = _mode_map(ops[i], geo.bases[ops[i].source], None if i == geo.map_ref else ops[geo.map_ref])
+            m = _mode_map(ops[i], geo.bases[ops[i].source], None if i == geo.map_ref else ops[geo.map_ref])
+            maps[i] = m if m is None or _keeps_static_extents(geo, ops[i], m) else None
     geo.base_maps = tuple(maps)
-    geo.call_views = tuple((o.source, None if m else view(o)) for o, m in zip(ops, maps))
+    geo.call_views = tuple((o.source, (o.offset if m.offset else None) if m else view(o)) for o, m in zip(ops, maps))
     if geo.vector > 1:
         geo.align_checks = tuple(
             (o.source, o.offset * o.dtype.itemsize, geo.vector * o.dtype.itemsize)
             for o in geo.operands if vector_access(geo, o)
         )
+
+
+def _keeps_static_extents(geo: Geometry, o: Operand, m: BaseMap) -> bool:
+    """Whether ``m`` builds the modes the kernel knows statically (a piece's N, the pieces
+    of a select along the outermost mode: ``cute_emit.fake_operands``) as static extents: a
+    base dim, whose extent the fake tensor then fixes, or a slice of a static extent."""
+    static = set()
+    if o.shape[-1] != geo.n:
+        static.add(len(o.shape) - 1)
+    if geo.outer_select and geo.outer:
+        static.add(len(geo.outer) - 1)
+    return all(not isinstance(m.modes[j], Run) or m.modes[j].extent not in (None, PRODUCT) for j in static)
+
+
+def _map_ref(geo: Geometry) -> int:
+    """The operand whose extents a broadcast mode of a base map takes: a store that
+    broadcasts along no mode, else a load of the stores' extents that does not (a column
+    reduction's input: its one store repeats along the reduced rows)."""
+    ops = geo.operands
+    first = ops[geo.store_slot[0]]
+    stores = [i for i in geo.store_slot if 0 not in ops[i].stride]
+    loads = [i for i, o in enumerate(ops) if not o.is_store and o.iota is None and 0 not in o.stride and o.shape == first.shape]
+    return next(iter(stores + loads), geo.store_slot[0])
+
+
+def operand_align(geo: Geometry, o: Operand) -> int:
+    """The bytes ``o``'s first element is aligned to, as the kernel assumes it: one vector
+    (at most 16 bytes) where it moves vectors, else one element."""
+    return min(16, geo.vector * o.dtype.itemsize) if vector_access(geo, o) else o.dtype.itemsize
 
 
 def vector_access(geo: Geometry, o: Operand) -> bool:
@@ -728,40 +761,99 @@ def vector_access(geo: Geometry, o: Operand) -> bool:
 # is: the kernel reads a mode whose stride was 1 as contiguous (a vector access), so a
 # stride-0 rebuild of it would break its vector view (an all-extent-1 input, x + x)
 BROADCAST, ONE, ONE_BROADCAST = -1, -2, -3
+PRODUCT = 0  # a Run's extent: the product of its dims' extents
 
 
-def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None):
-    """Operand ``o`` as its base tensor's dims, each one mode (any order), plus broadcast and
-    extent-1 modes; None where it is not that (a slice, an offset, merged dims)."""
-    if o.offset or base.ndim == 0:
+class Run(NamedTuple):
+    """A mode made of a run of base dims, outermost first, stepping as one (their strides
+    nest: a merge, as ``view`` makes), with the innermost dim's stride. Its extent: PRODUCT
+    (the dims' own), None (the reference operand's extent of the mode: a run that spans the
+    domain, where the outermost dim may be sliced), or a number (a piece's static extent)."""
+
+    dims: tuple
+    extent: int | None = PRODUCT
+
+
+class BaseMap(NamedTuple):
+    """How the launch function builds an operand from its base tensor (``_mode_map``): per
+    operand mode a base dim (int >= 0), a Run, BROADCAST, ONE or ONE_BROADCAST; and whether
+    its first element lies an offset into the base (a slice's start, a selected index). The
+    offset is passed beside the base per call, a number the plan holds, not compiled in: a
+    slice at another start (a cache written at each position) takes the same kernel."""
+
+    modes: tuple
+    offset: bool = False
+
+
+def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None) -> BaseMap | None:
+    """Operand ``o`` as a BaseMap of its base tensor, so that a call passes the base as it
+    is rather than an ``as_strided`` of it (3-4 us each on the H100 host): each mode a base
+    dim, a run of them merged (its outermost dim perhaps sliced), a broadcast or extent 1.
+    None where the view is not that (dims that do not nest, a slice of an inner dim).
+
+    Each mode's innermost base dim is the one with its stride, and the run grows outward
+    while the next dim's stride is the run's size times its own. The map is checked by
+    rebuilding the view's layout from the base's: a plan's calls share its base strides (its
+    key) and extents (thunder's trace), so the layout rebuilt per call is the view's."""
+    if base.ndim == 0:
         return None
-    used, m = set(), []
+    bshape, bstride = tuple(base.shape), base.stride()
+    used, modes = set(), []
     for j, (ext, st) in enumerate(zip(o.shape, o.stride)):
         if ext == 1:
-            m.append(ONE if st else ONE_BROADCAST)
-        elif st == 0:
+            modes.append(ONE if st else ONE_BROADCAST)
+            continue
+        if st == 0:
             if ref is None or ref.shape[j] != ext:
                 return None
-            m.append(BROADCAST)
+            modes.append(BROADCAST)
+            continue
+        free = [d for d in range(base.ndim) if d not in used and bshape[d] > 1]
+        d = next((d for d in free if bstride[d] == st), None)
+        if d is None:
+            return None
+        dims, size = [d], bshape[d]
+        while size < ext:
+            outer = next((e for e in free if e not in dims and bstride[e] == size * st), None)
+            if outer is None:
+                break
+            dims.insert(0, outer)
+            size *= bshape[outer]
+        if size < ext or ext % (size // bshape[dims[0]]):
+            return None  # the dims do not reach the extent, or a slice cuts an inner dim
+        used.update(dims)
+        if len(dims) == 1 and size == ext:
+            modes.append(d)
+        elif ref is not None and ref.shape[j] == ext and ref.stride[j] != 0:
+            modes.append(Run(tuple(dims), None))
         else:
-            d = next((d for d in range(base.ndim) if d not in used and base.shape[d] == ext and base.stride(d) == st), None)
-            if d is None:
-                return None
-            used.add(d)
-            m.append(d)
-    if any(base.shape[d] != 1 for d in range(base.ndim) if d not in used):
+            modes.append(Run(tuple(dims), PRODUCT if size == ext else ext))
+    m = BaseMap(tuple(modes), o.offset != 0)
+    ref_shape = ref.shape if ref is not None else o.shape
+    if mapped_layout(m, bshape, bstride, ref_shape) != (o.shape, o.stride):
         return None
-    return tuple(m)
+    return m
 
 
-def mapped_layout(m: tuple, shape, stride, ref_shape) -> tuple[tuple, tuple]:
+def mapped_layout(m: BaseMap, shape, stride, ref_shape) -> tuple[tuple, tuple]:
     """(shape, stride) of the operand built from a base of ``shape``/``stride`` by map ``m``
-    (``Geometry.base_maps``); plain indexing, so the launch function (CuTe values) and
-    ``torch_eval`` (ints) share it."""
-    return (
-        tuple(shape[d] if d >= 0 else (ref_shape[j] if d == BROADCAST else 1) for j, d in enumerate(m)),
-        tuple(stride[d] if d >= 0 else (1 if d == ONE else 0) for d in m),
-    )
+    (``Geometry.base_maps``); plain indexing and products, so the launch function (CuTe
+    values) and ``torch_eval`` (ints) share it."""
+    extents, strides = [], []
+    for j, e in enumerate(m.modes):
+        if isinstance(e, Run):
+            if e.extent == PRODUCT:
+                size = shape[e.dims[0]]
+                for d in e.dims[1:]:
+                    size = size * shape[d]
+            else:
+                size = ref_shape[j] if e.extent is None else e.extent
+            extents.append(size)
+            strides.append(stride[e.dims[-1]])
+        else:
+            extents.append(shape[e] if e >= 0 else (ref_shape[j] if e == BROADCAST else 1))
+            strides.append(stride[e] if e >= 0 else (1 if e == ONE else 0))
+    return tuple(extents), tuple(strides)
 
 
 def ref_first(n: int, ref: int) -> list[int]:
@@ -898,10 +990,13 @@ def column_splits(geo: Geometry, sm_count: int, var: bool = False) -> tuple[int,
     return max(1, -(-m // per)), per
 
 
-def views_for_call(geo: Geometry, bases) -> tuple[torch.Tensor, ...]:
-    """Each operand as the kernel sees it: its base tensor itself where that is already the
-    operand's view, else one ``as_strided`` (per call: about a microsecond each)."""
+def views_for_call(geo: Geometry, bases) -> tuple:
+    """Each operand as the launch takes it: its base tensor itself where that is the
+    operand's view or the launch function builds the view from it (``Geometry.base_maps``),
+    with the element offset of its first element beside it where it has one, else one
+    ``as_strided`` (per call: 1-4 us each)."""
     return tuple([
-        bases[i] if v is None else bases[i].as_strided(v[0], v[1], bases[i].storage_offset() + v[2])
+        bases[i] if v is None else (bases[i], v) if isinstance(v, int) else
+        bases[i].as_strided(v[0], v[1], bases[i].storage_offset() + v[2])
         for i, v in geo.call_views
     ])

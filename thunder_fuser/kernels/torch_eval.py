@@ -79,14 +79,16 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
 
 def from_bases(geo: Geometry, views) -> list[torch.Tensor]:
     """The operands a launch function builds from the base tensors it is passed
-    (``Geometry.base_maps``), the map's reference operand first."""
+    (``Geometry.base_maps``; with an offset, as (base, element offset)), the map's
+    reference operand first."""
     views = list(views)
     ref = geo.map_ref
     for i in ref_first(len(views), ref):
-        if geo.base_maps and geo.base_maps[i]:
-            b = views[i]
-            shape, stride = mapped_layout(geo.base_maps[i], b.shape, b.stride(), views[ref].shape)
-            views[i] = b.as_strided(shape, stride, b.storage_offset())
+        m = geo.base_maps[i] if geo.base_maps else None
+        if m:
+            b, offset = views[i] if m.offset else (views[i], 0)
+            shape, stride = mapped_layout(m, b.shape, b.stride(), views[ref].shape)
+            views[i] = b.as_strided(shape, stride, b.storage_offset() + offset)
     return views
 
 

@@ -185,6 +185,8 @@ class _Writer:
             name = self.names[vid]
             if v is None:
                 views.append(name)
+            elif isinstance(v, int):  # the launch function builds the view (``Geometry.base_maps``)
+                views.append(f"({name}, {v})")
             elif vid in self.fresh:
                 views.append(f"{name}.as_strided({v[0]}, {v[1]}, {v[2]})")  # fresh: storage offset 0
             else:
