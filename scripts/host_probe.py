@@ -6,12 +6,16 @@ kernel as CuTe DSL's compiled object, as before ``cache.direct_function``, and w
 launch a no-op: our dispatch alone), the general path (``Plan.run``), the segment's run,
 the bare TVM-FFI kernel call, and the torch pieces a call makes (allocation, as_strided),
 beside eager ops. The rows take turns (``host_us_interleaved``): the host's speed moves
-from minute to minute. Last, the floor under any launch from this host: one CUDA launch
-from C (``cudaLaunchKernel``, and ``cudaLaunchKernelExC`` with the attributes CuTe DSL
-sets), where nvcc is there."""
+from minute to minute. Each row is timed drained (the wall clock of many calls and the wait
+for them); a few again as issued (256 calls timed before the wait): tiny kernels drain at
+the GPU's rate, which can be above the host's cost of issuing them. Last, the floor under
+any launch from this host: an empty kernel launched from C (``cudaLaunchKernel``, and
+``cudaLaunchKernelExC`` with the attributes CuTe DSL sets), drained and issued, where nvcc
+is there."""
 import os
 import subprocess
 import tempfile
+import time
 
 import thunder_fuser  # noqa: F401
 import thunder
@@ -118,10 +122,28 @@ def main():
     print("host us per call (least / median of 15 turns of 500 calls, the rows taking turns)")
     for name, (least, median) in us.items():
         print(f"  {name:32s} {least:6.1f} {median:6.1f}")
+    print("issued: 256 calls timed before the wait for them (the host's cost alone)")
+    for name in ("eager x + 1", "region runner (straight-line)", f"bare kernel call ({type(launch).__name__})",
+                 "torch.cuda._sleep(0)"):
+        print(f"  {name:32s} {issue_us(rows[name]):6.1f}")
     for name, floor in launch_floor():
         print(f"  {name:32s} {floor:6.1f}")
     runner_us, eager_us = us["region runner (straight-line)"][0], us["eager x + 1"][0]
     print(f"region runner {runner_us:.1f} us = {runner_us / eager_us:.2f} x eager x + 1 ({eager_us:.1f} us)")
+
+
+def issue_us(fn, calls: int = 256, reps: int = 40) -> float:
+    """Least microseconds per call to issue ``calls`` calls, timed before waiting for the
+    GPU (fewer than its launch queue holds): the host's cost without the GPU's rate."""
+    best = float("inf")
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return best
 
 
 _FLOOR = r"""
@@ -137,22 +159,26 @@ int main() {
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[0].val.programmaticStreamSerializationAllowed = 0;
   at[1].id = cudaLaunchAttributeCooperative; at[1].val.cooperative = 0;
   cudaLaunchConfig_t cfg = {dim3(8), dim3(64), 0, 0, at, 2};
-  for (int mode = 0; mode < 2; ++mode) {
+  // drained: the wall clock of n launches and the wait for them (the GPU's rate bounds it);
+  // issued: 256 launches, timed before the wait (the host's own cost of a launch)
+  for (int mode = 0; mode < 4; ++mode) {
+    int count = mode < 2 ? n : 256;
     double best = 1e30;
-    for (int rep = 0; rep < 4; ++rep) {
+    for (int rep = 0; rep < (mode < 2 ? 4 : 40); ++rep) {
       cudaDeviceSynchronize();
       auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < n; ++i) {
-        if (mode == 0) k<<<8, 64>>>(p);
+      for (int i = 0; i < count; ++i) {
+        if (mode % 2 == 0) k<<<8, 64>>>(p);
         else cudaLaunchKernelExC(&cfg, (const void *)k, args);
       }
-      cudaDeviceSynchronize();
-      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+      if (mode < 2) cudaDeviceSynchronize();
+      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / count;
       if (rep && us < best) best = us;
     }
     if (cudaGetLastError() != cudaSuccess) return 1;
-    printf("%s %.2f\n", mode ? "cudaLaunchKernelExC" : "cudaLaunchKernel", best);
+    printf("%s,%s %.2f\n", mode % 2 ? "cudaLaunchKernelExC" : "cudaLaunchKernel", mode < 2 ? "drained" : "issued", best);
   }
+}
 }
 """
 
@@ -168,7 +194,7 @@ def launch_floor() -> list:
             out = subprocess.run([exe], check=True, capture_output=True, text=True, timeout=60).stdout
         except (OSError, subprocess.SubprocessError) as e:
             return [(f"C launch floor: {type(e).__name__}", float("nan"))]
-    return [(f"C {name}", float(us)) for name, us in (line.split() for line in out.splitlines())]
+    return [(f"C {name.replace(',', ', ')}", float(us)) for name, us in (line.split() for line in out.splitlines())]
 
 
 if __name__ == "__main__":
