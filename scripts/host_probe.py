@@ -179,7 +179,6 @@ int main() {
     printf("%s,%s %.2f\n", mode % 2 ? "cudaLaunchKernelExC" : "cudaLaunchKernel", mode < 2 ? "drained" : "issued", best);
   }
 }
-}
 """
 
 
