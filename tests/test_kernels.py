@@ -641,6 +641,54 @@ def test_fake_tensors_agree_with_the_views_a_call_passes(name):
                         assert f == r, (name, fake, o)
 
 
+def _base_map_cases():
+    from thunder_fuser.kernels.geometry import PRODUCT, BaseMap, Run
+
+    q = torch.randn(2, 4, 16, 32)  # [batch, heads, positions, d]
+    x = torch.randn(2, 16, 8)
+    w = torch.randn(4, 6)
+    merged = BaseMap((2, Run((0, 1), PRODUCT), 3))
+    return {
+        # positions, batch and heads merged, d: a run of two base dims
+        "heads merged with the batch": (q, q.as_strided((16, 8, 32), (32, 512, 1)), None, merged),
+        # q's second half: a slice of d to a piece's static extent, at an offset
+        "second half of the last dim": (q, q.as_strided((16, 8, 16), (32, 512, 1), 16), None,
+                                        BaseMap((2, Run((0, 1), PRODUCT), Run((3,), 16)), True)),
+        # x[:, 4:8] with its window and last dim merged: the run's outermost dim sliced, the
+        # extent the reference operand's
+        "a window merged with the row": (x, x[:, 4:8].as_strided((2, 32), (128, 1), 32), (2, 32),
+                                         BaseMap((0, Run((1, 2), None)), True)),
+        # rows of 12 stepping over w's rows two at a time: no run of w's dims
+        "dims that do not nest": (w, w.as_strided((2, 12), (12, 1)), None, None),
+    }
+
+
+@pytest.mark.parametrize("case", list(_base_map_cases()))
+def test_base_maps_describe_merges_and_slices_of_the_base(case):
+    """``geometry._mode_map``: what the launch function builds from a base tensor instead
+    of an ``as_strided`` per call, and that rebuilding it from the base gives the view."""
+    from thunder_fuser.kernels import torch_eval
+    from thunder_fuser.kernels.geometry import Geometry, Operand, _mode_map
+
+    base, view, ref_shape, expect = _base_map_cases()[case]
+
+    def operand(v, offset=None):
+        off = v.storage_offset() - base.storage_offset() if offset is None else offset
+        return Operand(0, tuple(v.shape), v.stride(), off, False, v.dtype)
+
+    o = operand(view)
+    ref = None if ref_shape is None else Operand(1, ref_shape, (ref_shape[1], 1), 0, True, view.dtype)
+    m = _mode_map(o, base, ref)
+    assert m == expect, m
+    if m is None:
+        return
+    geo = Geometry([o, ref] if ref else [o], {}, [1] if ref else [0], (), 0, 1, False)
+    geo.base_maps, geo.map_ref = ((m, None) if ref else (m,)), 1 if ref else 0
+    passed = [(base, o.offset) if m.offset else base] + ([torch.empty(ref_shape)] if ref else [])
+    built = torch_eval.from_bases(geo, passed)[0]
+    assert (built.shape, built.stride(), built.storage_offset()) == (view.shape, view.stride(), view.storage_offset())
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path):
     from thunder_fuser.kernels import cache

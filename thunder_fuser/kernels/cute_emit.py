@@ -487,7 +487,7 @@ def _from_bases(ts, geo: Geometry):
             b, ptr = (out[i][0], out[i][0].iterator + out[i][1]) if m.offset else (out[i], out[i].iterator)
             if m.offset and operand_align(geo, geo.operands[i]) > ptr.alignment:
                 ptr = ptr.align(operand_align(geo, geo.operands[i]))
-            shape, stride = mapped_layout(m, b.shape, b.stride, out[ref].shape)
+            shape, stride = mapped_layout(m, b.shape, b.stride, None if i == ref else out[ref].shape)  # built first
             out[i] = cute.make_tensor(ptr, cute.make_layout(shape, stride=stride))
     return tuple(out)
 

@@ -838,7 +838,8 @@ def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None) -> BaseMap | 
 def mapped_layout(m: BaseMap, shape, stride, ref_shape) -> tuple[tuple, tuple]:
     """(shape, stride) of the operand built from a base of ``shape``/``stride`` by map ``m``
     (``Geometry.base_maps``); plain indexing and products, so the launch function (CuTe
-    values) and ``torch_eval`` (ints) share it."""
+    values) and ``torch_eval`` (ints) share it. ``ref_shape``: the reference operand's
+    extents (None for the reference itself, whose map takes none)."""
     extents, strides = [], []
     for j, e in enumerate(m.modes):
         if isinstance(e, Run):

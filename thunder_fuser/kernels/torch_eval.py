@@ -87,7 +87,7 @@ def from_bases(geo: Geometry, views) -> list[torch.Tensor]:
         m = geo.base_maps[i] if geo.base_maps else None
         if m:
             b, offset = views[i] if m.offset else (views[i], 0)
-            shape, stride = mapped_layout(m, b.shape, b.stride(), views[ref].shape)
+            shape, stride = mapped_layout(m, b.shape, b.stride(), None if i == ref else views[ref].shape)
             views[i] = b.as_strided(shape, stride, b.storage_offset() + offset)
     return views
 
