@@ -658,6 +658,10 @@ def _base_map_cases():
         # extent the reference operand's
         "a window merged with the row": (x, x[:, 4:8].as_strided((2, 32), (128, 1), 32), (2, 32),
                                          BaseMap((0, Run((1, 2), None)), True)),
+        # every dim merged into one: a batch of 1 joins the run as a batch of 3 does, so
+        # both take one kernel
+        "a batch of 1, flattened": (x[:1], x[:1].as_strided((128,), (1,)), None, BaseMap((Run((0, 1, 2), PRODUCT),))),
+        "a batch of 2, flattened": (x, x.as_strided((256,), (1,)), None, BaseMap((Run((0, 1, 2), PRODUCT),))),
         # rows of 12 stepping over w's rows two at a time: no run of w's dims
         "dims that do not nest": (w, w.as_strided((2, 12), (12, 1)), None, None),
     }

@@ -792,12 +792,15 @@ def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None) -> BaseMap | 
     None where the view is not that (dims that do not nest, a slice of an inner dim).
 
     Each mode's innermost base dim is the one with its stride, and the run grows outward
-    while the next dim's stride is the run's size times its own. The map is checked by
+    while the next dim's stride is the run's size times its own; extent-1 dims that nest so
+    join it even past its extent, which keeps the map, and so the kernel, the same for a
+    batch of 1 as for a batch of 16. The map is checked by
     rebuilding the view's layout from the base's: a plan's calls share its base strides (its
     key) and extents (thunder's trace), so the layout rebuilt per call is the view's."""
     if base.ndim == 0:
         return None
     bshape, bstride = tuple(base.shape), base.stride()
+    ones_first = sorted(range(base.ndim), key=lambda e: bshape[e] != 1)
     used, modes = set(), []
     for j, (ext, st) in enumerate(zip(o.shape, o.stride)):
         if ext == 1:
@@ -813,13 +816,14 @@ def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None) -> BaseMap | 
         if d is None:
             return None
         dims, size = [d], bshape[d]
-        while size < ext:
-            outer = next((e for e in free if e not in dims and bstride[e] == size * st), None)
+        while True:  # extent-1 dims that nest join too, so that a batch of 1 maps as a batch of 16 does
+            outer = next((e for e in ones_first if e not in used and e not in dims and bstride[e] == size * st
+                          and (size < ext or bshape[e] == 1)), None)
             if outer is None:
                 break
             dims.insert(0, outer)
             size *= bshape[outer]
-        if size < ext or ext % (size // bshape[dims[0]]):
+        if size < ext or ext % (size // bshape[next(e for e in dims if bshape[e] > 1)]):
             return None  # the dims do not reach the extent, or a slice cuts an inner dim
         used.update(dims)
         if len(dims) == 1 and size == ext:
