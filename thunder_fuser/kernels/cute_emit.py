@@ -475,8 +475,9 @@ def _from_bases(ts, geo: Geometry):
     the launch function, rather than by an ``as_strided`` per call: each mode a base dim, a
     run of them or a slice of one, a broadcast with the extent of operand ``geo.map_ref``,
     or extent 1; an operand with an offset comes as (base, element offset), its pointer
-    re-aligned to its vector (``align_checks`` checked that per call: the compiler cannot
-    know an offset's alignment)."""
+    taken as aligned to its vector, which the compiler cannot know of an offset
+    (``align_checks`` check it per call; the address is not rounded, so a call that skipped
+    them fails loudly on a misaligned access rather than reading beside the view)."""
     maps, ref = geo.base_maps, geo.map_ref
     if not any(maps):
         return ts
@@ -485,8 +486,9 @@ def _from_bases(ts, geo: Geometry):
         m = maps[i]
         if m:
             b, ptr = (out[i][0], out[i][0].iterator + out[i][1]) if m.offset else (out[i], out[i].iterator)
-            if m.offset and operand_align(geo, geo.operands[i]) > ptr.alignment:
-                ptr = ptr.align(operand_align(geo, geo.operands[i]))
+            align = operand_align(geo, geo.operands[i])
+            if align > ptr.alignment:
+                ptr = cute.make_ptr(ptr.dtype, ptr.toint(), ptr.memspace, assumed_align=align)
             shape, stride = mapped_layout(m, b.shape, b.stride, None if i == ref else out[ref].shape)  # built first
             out[i] = cute.make_tensor(ptr, cute.make_layout(shape, stride=stride))
     return tuple(out)

@@ -794,9 +794,9 @@ def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None) -> BaseMap | 
     Each mode's innermost base dim is the one with its stride, and the run grows outward
     while the next dim's stride is the run's size times its own; extent-1 dims that nest so
     join it even past its extent, which keeps the map, and so the kernel, the same for a
-    batch of 1 as for a batch of 16. The map is checked by
-    rebuilding the view's layout from the base's: a plan's calls share its base strides (its
-    key) and extents (thunder's trace), so the layout rebuilt per call is the view's."""
+    batch of 1 as for a batch of 16. The map is checked by rebuilding the view's layout
+    from the base's: a plan's calls share its base strides (its key) and extents (thunder's
+    trace), so the layout rebuilt per call is the view's."""
     if base.ndim == 0:
         return None
     bshape, bstride = tuple(base.shape), base.stride()
