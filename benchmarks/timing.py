@@ -19,6 +19,7 @@ from the wall clock.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -89,17 +90,7 @@ def device_ms(fn, arg_sets: list[tuple], reps: int = 50, warmup: int = 3, queued
 
 def host_us(fn, args: tuple, calls: int = 200) -> float:
     """Wall-clock microseconds per call over back-to-back calls (small inputs)."""
-    for _ in range(5):
-        fn(*args)
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
+    return host_us_interleaved({"": functools.partial(fn, *args)}, calls, rounds=3)[""][0]
 
 
 def host_us_interleaved(fns: dict, calls: int = 500, rounds: int = 15) -> dict:

@@ -676,11 +676,7 @@ def test_base_maps_describe_merges_and_slices_of_the_base(case):
 
     base, view, ref_shape, expect = _base_map_cases()[case]
 
-    def operand(v, offset=None):
-        off = v.storage_offset() - base.storage_offset() if offset is None else offset
-        return Operand(0, tuple(v.shape), v.stride(), off, False, v.dtype)
-
-    o = operand(view)
+    o = Operand(0, tuple(view.shape), view.stride(), view.storage_offset() - base.storage_offset(), False, view.dtype)
     ref = None if ref_shape is None else Operand(1, ref_shape, (ref_shape[1], 1), 0, True, view.dtype)
     m = _mode_map(o, base, ref)
     assert m == expect, m

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 
 from thunder_fuser.backends.reference import REFERENCE_IMPLS
-from thunder_fuser.kernels.expr import (Load, Program, Unsupported, column_sums, has_reduce, reads_rows_once,
+from thunder_fuser.kernels.expr import (Program, Unsupported, column_sums, has_reduce, reads_rows_once,
                                         reductions_in_order)
 
 MAX_VECTOR = 8  # elements per thread per access: 16 bytes of bf16
@@ -705,14 +705,15 @@ def _call_recipe(geo: Geometry) -> None:
         return (o.shape, o.stride, o.offset)
 
     ops = geo.operands
+    views = [view(o) for o in ops]
     geo.map_ref = _map_ref(geo)
     maps = [None] * len(ops)
     for i in ref_first(len(ops), geo.map_ref):
-        if view(ops[i]) is not None:
-            m = _mode_map(ops[i], geo.bases[ops[i].source], None if i == geo.map_ref else ops[geo.map_ref])
-            maps[i] = m if m is None or _keeps_static_extents(geo, ops[i], m) else None
+        if views[i] is not None:
+            ref = None if i == geo.map_ref else ops[geo.map_ref]
+            maps[i] = _mode_map(ops[i], geo.bases[ops[i].source], ref, _static_modes(geo, ops[i]))
     geo.base_maps = tuple(maps)
-    geo.call_views = tuple((o.source, (o.offset if m.offset else None) if m else view(o)) for o, m in zip(ops, maps))
+    geo.call_views = tuple((o.source, (o.offset if m.offset else None) if m else v) for o, m, v in zip(ops, maps, views))
     if geo.vector > 1:
         geo.align_checks = tuple(
             (o.source, o.offset * o.dtype.itemsize, geo.vector * o.dtype.itemsize)
@@ -720,16 +721,16 @@ def _call_recipe(geo: Geometry) -> None:
         )
 
 
-def _keeps_static_extents(geo: Geometry, o: Operand, m: BaseMap) -> bool:
-    """Whether ``m`` builds the modes the kernel knows statically (a piece's N, the pieces
-    of a select along the outermost mode: ``cute_emit.fake_operands``) as static extents: a
-    base dim, whose extent the fake tensor then fixes, or a slice of a static extent."""
+def _static_modes(geo: Geometry, o: Operand) -> set[int]:
+    """The modes of ``o`` whose extents the kernel knows statically, as the signature holds
+    them (a piece's N, the pieces of a select along the outermost mode:
+    ``cute_emit.fake_operands``): a base map builds them as those numbers."""
     static = set()
     if o.shape[-1] != geo.n:
         static.add(len(o.shape) - 1)
     if geo.outer_select and geo.outer:
         static.add(len(geo.outer) - 1)
-    return all(not isinstance(m.modes[j], Run) or m.modes[j].extent not in (None, PRODUCT) for j in static)
+    return static
 
 
 def _map_ref(geo: Geometry) -> int:
@@ -785,7 +786,7 @@ class BaseMap(NamedTuple):
     offset: bool = False
 
 
-def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None) -> BaseMap | None:
+def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None, static: set = frozenset()) -> BaseMap | None:
     """Operand ``o`` as a BaseMap of its base tensor, so that a call passes the base as it
     is rather than an ``as_strided`` of it (3-4 us each on the H100 host): each mode a base
     dim, a run of them merged (its outermost dim perhaps sliced), a broadcast or extent 1.
@@ -794,7 +795,8 @@ def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None) -> BaseMap | 
     Each mode's innermost base dim is the one with its stride, and the run grows outward
     while the next dim's stride is the run's size times its own; extent-1 dims that nest so
     join it even past its extent, which keeps the map, and so the kernel, the same for a
-    batch of 1 as for a batch of 16. The map is checked by rebuilding the view's layout
+    batch of 1 as for a batch of 16. A run in one of the ``static`` modes takes its extent
+    as a number, as the kernel knows it. The map is checked by rebuilding the view's layout
     from the base's: a plan's calls share its base strides (its key) and extents (thunder's
     trace), so the layout rebuilt per call is the view's."""
     if base.ndim == 0:
@@ -828,13 +830,14 @@ def _mode_map(o: Operand, base: torch.Tensor, ref: Operand | None) -> BaseMap | 
         used.update(dims)
         if len(dims) == 1 and size == ext:
             modes.append(d)
+        elif j in static:
+            modes.append(Run(tuple(dims), ext))
         elif ref is not None and ref.shape[j] == ext and ref.stride[j] != 0:
             modes.append(Run(tuple(dims), None))
         else:
             modes.append(Run(tuple(dims), PRODUCT if size == ext else ext))
     m = BaseMap(tuple(modes), o.offset != 0)
-    ref_shape = ref.shape if ref is not None else o.shape
-    if mapped_layout(m, bshape, bstride, ref_shape) != (o.shape, o.stride):
+    if mapped_layout(m, bshape, bstride, None if ref is None else ref.shape) != (o.shape, o.stride):
         return None
     return m
 
