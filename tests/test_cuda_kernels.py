@@ -114,7 +114,7 @@ def _staged(jfn) -> list:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_transposed_operands_staged_through_shared_memory(dtype):
     """Operands contiguous along another dim than the output's go through shared-memory
-    tiles (``geometry._transpose_stage``): ragged tiles along both dims, two staged
+    tiles (``pointwise_geometry.transpose_stage``): ragged tiles along both dims, two staged
     operands, vectors of one element (an odd N), a staged operand narrower than the output (fp32 vectors of 4 over bf16
     tiles), a slice of a transposed tensor (an offset), the staged mode outer of another
     outer mode (beside an operand broadcast along that one), and a gathered mode too short
@@ -247,7 +247,7 @@ def _split_row_launches(jfn) -> int:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_few_long_rows_split_across_blocks(dtype):
-    """A few long rows (``geometry.SPLIT_MIN``): each row split across blocks, the
+    """A few long rows (``rows_geometry.SPLIT_MIN``): each row split across blocks, the
     splits' partials combined by a second launch. Every reduction with a full-domain store
     on the way; var (Chan's merges) with a large mean; a layer norm (the statistics split,
     then a pointwise pass); whole-tensor reductions (a loss, a norm written out: thunder runs
@@ -333,7 +333,7 @@ def test_rows_too_long_for_registers(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_looped_rows_with_cache_hints(dtype):
     """Rows of 128 KiB and more, whose last pass marks its loads of the row last use and
-    streams its stores (``geometry.LOOP_LAST_USE_BYTES``; which accesses carry the hints is
+    streams its stores (``rows_geometry.LOOP_LAST_USE_BYTES``; which accesses carry the hints is
     the PTX test's check in test_kernels.py): results right, weights and biases included."""
     n = 65536
     x, w, b = _randn(80, n, dtype=dtype), _randn(n, dtype=dtype), _randn(n, dtype=dtype)
@@ -383,7 +383,7 @@ ONLINE_SOFTMAXES = {
 @pytest.mark.parametrize("n", [30000, 30001, 50257])
 @pytest.mark.parametrize("name", ONLINE_SOFTMAXES)
 def test_online_softmax_over_rows_too_long_for_registers(name, n, dtype):
-    """Rows past the register budget (``geometry.REGISTER_ROW_ELEMENTS``) and too many to
+    """Rows past the register budget (``rows_geometry.REGISTER_ROW_ELEMENTS``) and too many to
     split take the max and the sum of exp(x - max) in one pass (``expr.softmax_sums``): on
     random rows against float64, and on rows of infinities, a NaN, large offsets and a
     rising max against eager; ragged (30001) and odd (50257: vectors of one element). A
@@ -417,7 +417,7 @@ def test_rows_of_odd_length_walk_whole_vectors(name, shape, dtype):
     with its neighbours) element by element, and a weight and a bias element by element
     (``geometry.flat_rows``). 81 * 50257 elements end inside the last vector; the rows of
     [40, 3, n] merge into one mode; rows of 97 and 33 take the flat run over 4 threads each
-    (``geometry.FLAT_MIN_VECTORS``; log_softmax's fp32 results of 16-bit rows in vectors of
+    (``rows_geometry.FLAT_MIN_VECTORS``; log_softmax's fp32 results of 16-bit rows in vectors of
     4, ``geometry.vector_width``); rows of 16385 over 512 threads (in vectors of one element
     they were looped).
     Against float64, then rows of infinities, NaNs and maxima in the first and last

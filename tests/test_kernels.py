@@ -23,7 +23,7 @@ from helpers import (
     check_vs_float64, integer_division, norm_backward, norm_backward_args, planned_parts, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import explain, fuser_ex
-from thunder_fuser.kernels import backend, geometry, segment_kernel
+from thunder_fuser.kernels import backend, columns_geometry, pointwise_geometry, rows_geometry, segment_kernel
 from thunder_fuser.kernels.backend import KernelFallbackWarning
 from thunder_fuser.runtime import plan as plan_mod
 
@@ -267,7 +267,7 @@ def test_unsupported_segment_reason(torch_kernels):
 def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
     """A row kernel runs one block per row: a few long rows (a loss's ``.sum()``: one row)
     split each row across blocks, whose partials a second launch combines; explain() says
-    so. A layer norm over up to 66 such rows (``geometry.SPLIT_MIN`` splits each in one
+    so. A layer norm over up to 66 such rows (``rows_geometry.SPLIT_MIN`` splits each in one
     wave) runs its statistics split and then a pointwise pass, over 67 as a row kernel. A
     softmax of one long row runs its max split, then its sum of exp(x - max) split, then
     the division."""
@@ -278,11 +278,11 @@ def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
 
     jfn, _ = check_vs_float64(lambda x: (x * 2).sum(), _r(n))
     assert split_rows(jfn) == [True]
-    splits, _ = geometry.row_splits(1, n, 4, 132)
-    assert splits == n // (4 * geometry.SPLIT_THREADS * geometry.SPLIT_MIN_VECTORS)
+    splits, _ = rows_geometry.row_splits(1, n, 4, 132)
+    assert splits == n // (4 * rows_geometry.SPLIT_THREADS * rows_geometry.SPLIT_MIN_VECTORS)
     assert (f"segment 0 splits each row of its reduction across {splits} blocks, then combines their partials "
             "in a second launch") in explain(jfn)
-    most = geometry.SPLIT_BLOCKS_PER_SM * 132 // geometry.SPLIT_MIN
+    most = rows_geometry.SPLIT_BLOCKS_PER_SM * 132 // rows_geometry.SPLIT_MIN
     assert most == 66
     jfn, _ = check_vs_eager(lambda x: torch.nn.functional.layer_norm(x, (n,)), _r(most, n))
     assert split_rows(jfn) == [True, False]
@@ -293,7 +293,7 @@ def test_a_few_long_rows_split_across_blocks_and_explain_says_so(torch_kernels):
 
 
 def test_rows_too_long_for_registers_take_max_and_sum_in_one_pass_and_explain_says_so(torch_kernels):
-    """A row past ``geometry.REGISTER_ROW_ELEMENTS`` loops over global memory, a pass per
+    """A row past ``rows_geometry.REGISTER_ROW_ELEMENTS`` loops over global memory, a pass per
     reduction; a softmax's max and its sum of exp(x - max) share one (online softmax) where
     the exp and the subtraction are in fp32 (an fp16 logsumexp rounds them, and keeps its
     two passes)."""
@@ -317,7 +317,7 @@ def test_rows_too_long_for_registers_take_max_and_sum_in_one_pass_and_explain_sa
 
 def test_an_operand_contiguous_along_another_dim_is_staged_and_explain_says_so(torch_kernels):
     """x + y.t(): y is contiguous along the output's rows, so a kernel reads it through
-    shared-memory tiles (``geometry._transpose_stage``); explain() names it. Not where that
+    shared-memory tiles (``pointwise_geometry.transpose_stage``); explain() names it. Not where that
     dim is too short to fill a tile (nor in a row reduction: see the next test)."""
 
     def stages(jfn):
@@ -339,7 +339,7 @@ def test_an_operand_contiguous_along_another_dim_is_staged_and_explain_says_so(t
 
     jfn, _ = check_vs_eager(copy_into, _r(64, 96), _r(96, 64))  # a pointwise copy, not a reduction's
     assert stages(jfn) == [(0, (0,))] and "reads y through shared-memory tiles" in explain(jfn)
-    short = geometry.STAGE_MIN_ROWS - 1
+    short = pointwise_geometry.STAGE_MIN_ROWS - 1
     jfn, _ = check_vs_eager(lambda x, y: x + y.t(), _r(short, 96), _r(96, short))
     assert stages(jfn) == [()] and "shared-memory" not in explain(jfn)
 
@@ -350,10 +350,10 @@ def test_a_column_var_merges_fewer_splits_than_a_column_sum(torch_kernels):
     SMs); var's merges divide, so it makes at most ``COLUMN_VAR_SPLITS_PER_SM`` per SM."""
     x = _r(65536, 256, dtype=torch.bfloat16)
     (p,) = planned_parts(lambda x: x.sum(0), (x,))
-    per = -(-65536 // (geometry.COLUMN_BLOCKS_PER_SM * 132))  # rows per split
+    per = -(-65536 // (columns_geometry.COLUMN_BLOCKS_PER_SM * 132))  # rows per split
     assert p.geo.splits == (-(-65536 // per), per)  # 1041 splits of 63 rows
     (p,) = planned_parts(lambda x: torch.var_mean(x.float(), 0), (x,))
-    per = -(-65536 // (geometry.COLUMN_VAR_SPLITS_PER_SM * 132))
+    per = -(-65536 // (columns_geometry.COLUMN_VAR_SPLITS_PER_SM * 132))
     assert p.geo.splits == (-(-65536 // per), per)  # 263 splits of 249 rows
 
 
@@ -410,7 +410,7 @@ def test_a_row_reduction_gathers_an_operand_strided_along_the_row(torch_kernels)
             "transpose), then reduces reading the copy in vectors") in explain(jfn)
     jfn, _ = check_vs_eager(lambda x, y: (x * y.t()).sum(-1), _r(2, 64, 96), _r(96, 64))  # broadcast: not copied
     assert parts(jfn) == [("rows", ())]
-    short = geometry.STAGE_MIN_ROWS - 1
+    short = pointwise_geometry.STAGE_MIN_ROWS - 1
     jfn, _ = check_vs_eager(lambda x, y: torch.softmax(x + y.t(), -1), _r(short, 96), _r(96, short))
     assert parts(jfn) == [("rows", ())] and "shared-memory" not in explain(jfn)
 
@@ -621,8 +621,8 @@ def test_fake_tensors_agree_with_the_views_a_call_passes(name):
     pytest.importorskip("cutlass")
     from cutlass.cute.typing import SymInt
 
-    from thunder_fuser.kernels.cute_emit import fake_operands
-    from thunder_fuser.kernels.geometry import views_for_call
+    from thunder_fuser.kernels.cute_memory import fake_operands
+    from thunder_fuser.kernels.base_maps import views_for_call
 
     fn, make = FAMILIES[name]
     for p in planned_parts(fn, make()):
@@ -642,7 +642,7 @@ def test_fake_tensors_agree_with_the_views_a_call_passes(name):
 
 
 def _base_map_cases():
-    from thunder_fuser.kernels.geometry import PRODUCT, BaseMap, Run
+    from thunder_fuser.kernels.base_maps import PRODUCT, BaseMap, Run
 
     q = torch.randn(2, 4, 16, 32)  # [batch, heads, positions, d]
     x = torch.randn(2, 16, 8)
@@ -669,16 +669,17 @@ def _base_map_cases():
 
 @pytest.mark.parametrize("case", list(_base_map_cases()))
 def test_base_maps_describe_merges_and_slices_of_the_base(case):
-    """``geometry._mode_map``: what the launch function builds from a base tensor instead
+    """``base_maps.mode_map``: what the launch function builds from a base tensor instead
     of an ``as_strided`` per call, and that rebuilding it from the base gives the view."""
     from thunder_fuser.kernels import torch_eval
-    from thunder_fuser.kernels.geometry import Geometry, Operand, _mode_map
+    from thunder_fuser.kernels.base_maps import mode_map
+    from thunder_fuser.kernels.geometry import Geometry, Operand
 
     base, view, ref_shape, expect = _base_map_cases()[case]
 
     o = Operand(0, tuple(view.shape), view.stride(), view.storage_offset() - base.storage_offset(), False, view.dtype)
     ref = None if ref_shape is None else Operand(1, ref_shape, (ref_shape[1], 1), 0, True, view.dtype)
-    m = _mode_map(o, base, ref)
+    m = mode_map(o, base, ref)
     assert m == expect, m
     if m is None:
         return
@@ -715,20 +716,20 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         # the max and the sum of exp(x - max) in one pass (online softmax), then the stores:
         # two passes of loads, not three. The fp32 results move in 16-byte vectors of 4
         # (``geometry.vector_width``), so x in 8-byte ones, twice as many per loop step
-        # (``cute_emit._unroll``); the last pass's stores stream
-        from thunder_fuser.kernels.cute_emit import STREAM_UNROLL, _unroll
+        # (``cute_memory.unroll``); the last pass's stores stream
+        from thunder_fuser.kernels.cute_memory import STREAM_UNROLL, unroll
 
         (p,) = parts
-        u = _unroll(p.geo)
+        u = unroll(p.geo)
         assert p.geo.vector == 4 and u == 2 * STREAM_UNROLL
         assert ptx.count("ld.global.v4.b16") == 2 * u and ptx.count("st.global.cs.v4.b32") == u, _global_accesses(ptx)
     if name.startswith("normalization, rows of odd length too long"):
         # both passes load whole vectors, and the last stores them; each pass's edge vector,
         # shared with a neighbouring row, moves element by element
-        from thunder_fuser.kernels.cute_emit import _unroll
+        from thunder_fuser.kernels.cute_memory import unroll
 
         (p,) = parts
-        u, v = _unroll(p.geo), p.geo.vector
+        u, v = unroll(p.geo), p.geo.vector
         assert ptx.count("ld.global.v4.b16") == 2 * u and ptx.count("st.global.cs.v4.b32") == u, _global_accesses(ptx)
         assert ptx.count("ld.global.b16") == 2 * v and ptx.count("st.global.b32") == v, _global_accesses(ptx)
     if name.startswith("normalization, rows of odd length in registers"):
@@ -743,7 +744,7 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
     if name.startswith("column reduction (#785"):
         # the finalize's lanes take consecutive columns (a split's loads coalesce) and its
         # groups of lanes merge: shuffles across groups only, then shared memory across warps
-        from thunder_fuser.kernels.cute_emit import FINALIZE_COLUMNS
+        from thunder_fuser.kernels.partials import FINALIZE_COLUMNS
 
         finalize = ptx[ptx.index(".entry kernel_cutlass_finalize"):]
         offsets = [int(k) for k in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", finalize)]
@@ -762,17 +763,16 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
 
 def test_a_looped_rows_last_pass_streams_its_stores_and_marks_its_last_reads(ptx_compile):
     """A row too long for registers is re-read by its last pass, which stores the results:
-    those stores stream (st.global.cs), and from ``geometry.LOOP_LAST_USE_BYTES`` of row on
+    those stores stream (st.global.cs), and from ``rows_geometry.LOOP_LAST_USE_BYTES`` of row on
     its reads of the row are marked last use (ld.global.lu), but never those of an operand
     every row reads (the weight), so that the L2 keeps the rows other blocks have yet to
     re-read. The other passes load plainly."""
-    from thunder_fuser.kernels import geometry
-    from thunder_fuser.kernels.cute_emit import STREAM_UNROLL
+    from thunder_fuser.kernels.cute_memory import STREAM_UNROLL
 
     def part(n):  # only x's bytes count towards the threshold, not the weight's
         fn = lambda x, w: torch.nn.functional.layer_norm(x, (n,), w)
         (p,) = planned_parts(fn, (_r(80, n, dtype=torch.bfloat16), _r(n, dtype=torch.bfloat16)))
-        assert p.geo.looped and p.geo.last_use == (2 * n >= geometry.LOOP_LAST_USE_BYTES)
+        assert p.geo.looped and p.geo.last_use == (2 * n >= rows_geometry.LOOP_LAST_USE_BYTES)
         return p
 
     def ptx(n):
@@ -780,7 +780,7 @@ def test_a_looped_rows_last_pass_streams_its_stores_and_marks_its_last_reads(ptx
         return _ptx(segment_kernel.compile_program(p.prog, p.geo, None))
 
     part(40000)  # 78 KiB of x, 156 with the weight's: no last use
-    long, short = ptx(geometry.LOOP_LAST_USE_BYTES // 2), ptx(30000)  # rows of 128 and 59 KiB
+    long, short = ptx(rows_geometry.LOOP_LAST_USE_BYTES // 2), ptx(30000)  # rows of 128 and 59 KiB
     # the mean's, the var's and the last pass's loads of x, and the weight's in the last pass
     assert long.count("ld.global.lu.v4") == STREAM_UNROLL and long.count("ld.global.v4") == 3 * STREAM_UNROLL
     assert short.count("ld.global.lu") == 0 and short.count("ld.global.v4") == 4 * STREAM_UNROLL
@@ -833,8 +833,8 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
     assert walk(lambda x: torch.softmax(x, -1), _r(200, 16385, dtype=bf)) == (True, 8, 4)
     # rows of fewer than FLAT_MIN_VECTORS vectors do not repay their edge elements
     assert walk(lambda x: torch.softmax(x, -1), _r(100, 33, dtype=bf)) == (True, 8, 1)
-    assert walk(lambda x: torch.softmax(x, -1), _r(100, 8 * geometry.FLAT_MIN_VECTORS - 1, dtype=bf))[:2] == (False, 1)
-    assert walk(lambda x: torch.softmax(x.float(), -1), _r(100, 4 * geometry.FLAT_MIN_VECTORS, dtype=bf)[:, 1:])[:2] == (
+    assert walk(lambda x: torch.softmax(x, -1), _r(100, 8 * rows_geometry.FLAT_MIN_VECTORS - 1, dtype=bf))[:2] == (False, 1)
+    assert walk(lambda x: torch.softmax(x.float(), -1), _r(100, 4 * rows_geometry.FLAT_MIN_VECTORS, dtype=bf)[:, 1:])[:2] == (
         False, 1)
     assert walk(lambda x: torch.softmax(x.float(), -1), _r(100, 77, dtype=bf))[:2] == (True, 4)
     assert walk(lambda x: torch.logsumexp(x.float(), -1), _r(100, 33, dtype=bf))[:2] == (True, 8)  # row values only
@@ -846,11 +846,11 @@ def test_rows_of_odd_length_walk_whole_vectors_where_the_rows_lie_back_to_back(t
 
 def test_short_rows_take_a_part_of_a_warp(torch_kernels):
     """A row held in registers takes the fewest threads whose vectors fit it
-    (``geometry.ROW_THREADS``), down to 4, so that a short row keeps its threads' loads
+    (``rows_geometry.ROW_THREADS``), down to 4, so that a short row keeps its threads' loads
     several and a warp's rows many; more than 4 vectors per thread only where they are
-    vectors of one element (``geometry.ROW_ELEMENTS``) or the block has
-    ``geometry.WIDE_ROW_THREADS`` threads, and there only where a block twice as wide would
-    hold more than ``geometry.PAIRED_BLOCK_ELEMENTS`` elements per thread."""
+    vectors of one element (``rows_geometry.ROW_ELEMENTS``) or the block has
+    ``rows_geometry.WIDE_ROW_THREADS`` threads, and there only where a block twice as wide would
+    hold more than ``rows_geometry.PAIRED_BLOCK_ELEMENTS`` elements per thread."""
     bf = torch.bfloat16
 
     def tiling(fn, *args):
@@ -897,7 +897,7 @@ def test_pointwise_over_rows_of_odd_length_moves_whole_vectors_where_they_lie_ba
 
 
 def test_a_looped_row_read_once_takes_the_narrowest_block(torch_kernels):
-    """The L2 rule (``geometry.LOOP_L2_BYTES``) sizes the blocks of a looped row whose passes
+    """The L2 rule (``rows_geometry.LOOP_L2_BYTES``) sizes the blocks of a looped row whose passes
     re-read it; a row read once (a logsumexp's max and sum taken online, one sum; only row
     values stored: ``expr.reads_rows_once``) takes the narrowest block of LOOP_THREADS."""
     x = _r(80, 128256, dtype=torch.bfloat16)
@@ -907,7 +907,7 @@ def test_a_looped_row_read_once_takes_the_narrowest_block(torch_kernels):
         assert geo.looped
         return geo.row_threads
 
-    narrow, wide = geometry.LOOP_THREADS[0], geometry.LOOP_THREADS[-1]
+    narrow, wide = rows_geometry.LOOP_THREADS[0], rows_geometry.LOOP_THREADS[-1]
     assert threads(lambda x: torch.logsumexp(x.float(), -1)) == narrow
     assert threads(lambda x: (x.float() * 2).sum(-1)) == narrow
     assert threads(lambda x: x.float().var(-1)) == wide  # the mean, then the squared deviations

@@ -69,15 +69,15 @@ def test_random_pointwise_programs_compile_to_ptx(program):
 
 def rows_split_early():
     """Every row reduction whose rows hold at least 2 x 64 vectors splits them across blocks
-    of 64 threads (``geometry.SPLIT_MIN``), however many rows: the random programs' rows
+    of 64 threads (``rows_geometry.SPLIT_MIN``), however many rows: the random programs' rows
     (up to 4097 elements) then take the split-row kernels."""
-    from thunder_fuser.kernels import geometry
+    from thunder_fuser.kernels import rows_geometry
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(geometry, "SPLIT_BLOCKS_PER_SM", 2**20)
-    mp.setattr(geometry, "SPLIT_MIN", 2)
-    mp.setattr(geometry, "SPLIT_MIN_VECTORS", 1)
-    mp.setattr(geometry, "SPLIT_THREADS", 64)
+    mp.setattr(rows_geometry, "SPLIT_BLOCKS_PER_SM", 2**20)
+    mp.setattr(rows_geometry, "SPLIT_MIN", 2)
+    mp.setattr(rows_geometry, "SPLIT_MIN_VECTORS", 1)
+    mp.setattr(rows_geometry, "SPLIT_THREADS", 64)
     return mp
 
 

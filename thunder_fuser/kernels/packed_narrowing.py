@@ -9,7 +9,7 @@ the transcendental unit, so a bf16 GELU backward was bound by them (ncu: SM 92%,
 the GPT block's MLP). The packed instruction rounds two lanes at once, to the same values
 (round to nearest even, NaN stays NaN); inline PTX keeps LLVM from splitting it again.
 
-A product computed in bf16 itself (``cute_emit._narrowed_operation``) is written
+A product computed in bf16 itself (``cute_values._narrowed_operation``) is written
 ``fma.rn.bf16x2 d, a, b, -0.0``: a plain ``mul`` has no rounding modifier, so ptxas may fuse
 it into the add that follows, rounding once where eager rounds the product first
 (``mul.rn.bf16x2`` would pin it too, but needs sm_90; the fma runs on sm_80 as well, and

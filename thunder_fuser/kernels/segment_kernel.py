@@ -1,7 +1,7 @@
 """One segment run by a generated kernel: lowering, geometry and compilation at the first
 call of a plan, then per call only allocation, an ``as_strided`` per operand that is not
 its tensor unchanged and whose view the launch function cannot build from it
-(``geometry.BaseMap``), and the TVM-FFI launch.
+(``base_maps.BaseMap``), and the TVM-FFI launch.
 
 ``mode`` picks what executes the lowered program: ``"cute"`` (CuTe DSL kernels, CUDA) or
 ``"torch"`` (``torch_eval``, any device), which runs the same operand views with torch so
@@ -16,14 +16,15 @@ import torch
 
 from thunder_fuser.backends import reference
 from thunder_fuser.kernels import cache
+from thunder_fuser.kernels.base_maps import aligned, views_for_call
+from thunder_fuser.kernels.columns_geometry import column_state_offsets
 from thunder_fuser.kernels.constants import find_iotas
 from thunder_fuser.kernels.expr import (
-    Program, Unsupported, alias_views, column_sums, columns_apart, lower_segment, reduce_in_stages, reductions_in_order,
-    render, split_at_reductions, transpose_first,
+    Program, Unsupported, alias_views, column_sums, columns_apart, lower_segment, reduce_in_stages,
+    reductions_in_order, render, split_at_reductions, transpose_first,
 )
 from thunder_fuser.kernels.geometry import (
-    Geometry, NeedsColumnsApart, NeedsSplit, NeedsStages, NeedsTranspose, aligned, build_geometry, column_state_offsets,
-    views_for_call,
+    Geometry, NeedsColumnsApart, NeedsSplit, NeedsStages, NeedsTranspose, build_geometry,
 )
 from thunder_fuser.layout import strides_for_order
 
@@ -289,14 +290,18 @@ def compile_program(prog: Program, geo: Geometry, device):
 
 
 def compile_group(parts: list, device):
-    """One launch for several independent pointwise programs (``cute_emit.build_pointwise_group``)."""
+    """One launch for several independent pointwise programs (``pointwise.build_pointwise_group``)."""
     return _compile([(p.prog, p.geo) for p in parts], device)
 
 
 def _compile(members: list, device):
     import os
 
-    from thunder_fuser.kernels import cute_emit
+    # the DSL is imported only to compile (the CPU check of lowering runs without it)
+    from thunder_fuser.kernels.cute_memory import fake_operands
+    from thunder_fuser.kernels.launch import build_launch
+    from thunder_fuser.kernels.partials import fake_workspace
+    from thunder_fuser.kernels.pointwise import build_pointwise_group
 
     arch = os.environ.get("CUTE_DSL_ARCH") or _arch(device)
     texts = tuple((prog.family, _program_text(prog, geo), geo.signature()) for prog, geo in members)
@@ -308,13 +313,13 @@ def _compile(members: list, device):
 
         if len(members) == 1:
             prog, geo = members[0]
-            launch = cute_emit.build_launch(prog, geo)
-            args = [cute_emit.fake_operands(geo)]
+            launch = build_launch(prog, geo)
+            args = [fake_operands(geo)]
             if geo.splits:
-                args += [cute_emit.fake_workspace(), 1]
+                args += [fake_workspace(), 1]
         else:
-            launch = cute_emit.build_pointwise_group([p for p, _ in members], [g for _, g in members])
-            args = [tuple(cute_emit.fake_operands(g) for _, g in members)]
+            launch = build_pointwise_group([p for p, _ in members], [g for _, g in members])
+            args = [tuple(fake_operands(g) for _, g in members)]
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
         return cute.compile(launch, *args, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)
 

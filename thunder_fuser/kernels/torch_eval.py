@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from thunder_fuser.backends.reference import REFERENCE_IMPLS, _conform
+from thunder_fuser.kernels.base_maps import mapped_layout, ref_first
 from thunder_fuser.kernels.expr import Load, Op, Program, Reduce, Select
-from thunder_fuser.kernels.geometry import Geometry, mapped_layout, ref_first
+from thunder_fuser.kernels.geometry import Geometry
 
 
 def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None:

@@ -17,7 +17,7 @@ from thunder_fuser.backends import reference
 from thunder_fuser.kernels.backend import KERNEL_KINDS, _device_of, kernel_mode, warn_fallback
 from thunder_fuser.kernels.expr import Unsupported, alias_views
 from thunder_fuser.kernels.segment_kernel import SegmentKernel, launch_group
-from thunder_fuser.ir.region import Region, Value
+from thunder_fuser.ir.region import Region
 from thunder_fuser.layout import (
     dim_provenance,
     infer_allocation_orders,
