@@ -52,7 +52,7 @@ def main():
     k = plan.kernels[seg.index]
     part = k.parts[0]
     env = {id(v): a for v, a in zip(plan.region.inputs, args)}
-    from thunder_fuser.kernels.geometry import views_for_call
+    from thunder_fuser.kernels.base_maps import views_for_call
     from thunder_fuser.kernels.segment_kernel import _allocate
 
     stores = _allocate(part.store_recipe, env, k.device)

@@ -1,5 +1,5 @@
 """Outputs a matmul reads are laid out for it (``layout/matmul_operands.py``), and views a
-matmul would copy are stored by the kernel (``runtime/stored_views.py``): the GPT block's
+matmul would copy are stored by the kernel (``layout/stored_views.py``): the GPT block's
 attention without its ten copies a step, and never at the cost of aliasing anyone can see."""
 
 import itertools

@@ -120,7 +120,7 @@ class Region:
     # output name -> how a matmul after the region reads it (``layout/matmul_operands.py``)
     matmul_reads: dict[str, str] = field(default_factory=dict)
     # outputs whose aliasing nothing can observe (the trace writes nothing in place and does
-    # not return them): a view among them may be stored as a copy (``runtime/stored_views.py``)
+    # not return them): a view among them may be stored as a copy (``layout/stored_views.py``)
     copyable_outputs: frozenset[str] = frozenset()
 
     def producers(self) -> dict[int, Node]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 if TYPE_CHECKING:
-    from thunder_fuser.kernels.geometry import Geometry, Operand
+    from thunder_fuser.kernels.operands import Geometry, Operand
 
 
 def aligned(checks, tensors) -> bool:

@@ -9,22 +9,31 @@ splits per column. The split counts are computed in ``columns_geometry.py``.
 
 from __future__ import annotations
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
+import torch
 
 from thunder_fuser.kernels.columns_geometry import COLUMN_THREADS, column_state_offsets
 from thunder_fuser.kernels.cute_memory import (
-    for_range, fragment, loaded_batch, store_vector, streamed_loads, unroll, vector_evaluator,
+    for_range,
+    fragment,
+    loaded_batch,
+    store_vector,
+    streamed_loads,
+    unroll,
+    vector_evaluator,
 )
 from thunder_fuser.kernels.cute_reduce import COMBINE, IDENTITY
 from thunder_fuser.kernels.cute_values import as_vector, cute_where
-from thunder_fuser.kernels.expr import Program, Unsupported, reductions_in_order
-from thunder_fuser.kernels.geometry import Geometry
+from thunder_fuser.kernels.expr import Program, reductions_in_order
+from thunder_fuser.kernels.operands import Geometry
 from thunder_fuser.kernels.partials import (
-    finalize_column, groups_to_workspace, partials_then_finalize, welford_groups_to_workspace,
+    finalize_column,
+    groups_to_workspace,
+    partials_then_finalize,
+    welford_groups_to_workspace,
 )
+from thunder_fuser.kernels.unsupported import Unsupported
 
 
 def build_columns(prog: Program, geo: Geometry):

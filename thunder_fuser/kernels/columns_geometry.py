@@ -9,7 +9,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from thunder_fuser.kernels.geometry import Geometry
+    from thunder_fuser.kernels.operands import Geometry
 
 COLUMN_THREADS = 256  # a column block: col_vectors column vectors x (256 / col_vectors) row groups
 COLUMN_BLOCKS_PER_SM = 8  # the splits of a column reduction fill this many blocks per SM,

@@ -19,6 +19,7 @@ import torch
 
 from thunder_fuser.backends import reference
 from thunder_fuser.ir.region import Node, Value
+from thunder_fuser.kernels.unsupported import Unsupported
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,6 @@ def find_iotas(nodes, outputs) -> Iotas:
 def typed_number(x, dtype):
     """``x`` as the Python number a kernel constant of ``dtype`` holds."""
     if isinstance(x, complex) or getattr(dtype, "is_complex", False):
-        from thunder_fuser.kernels.expr import Unsupported  # expr imports this module
-
         raise Unsupported(f"a complex constant ({x!r})")
     if dtype == torch.bool:
         return bool(x)

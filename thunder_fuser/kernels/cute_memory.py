@@ -20,11 +20,14 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from thunder_fuser.kernels.base_maps import Run, mapped_layout, ref_first
 from thunder_fuser.kernels.cute_values import Evaluator, as_vector, cast, cute_dtype
-from thunder_fuser.kernels.expr import Load, Program, Unsupported, subexpressions
-from thunder_fuser.kernels.geometry import Geometry, operand_align, vector_access, vector_width
-
+from thunder_fuser.kernels.expr import Load, Program, subexpressions
+from thunder_fuser.kernels.geometry import operand_align, vector_access, vector_width
+from thunder_fuser.kernels.operands import Geometry
+from thunder_fuser.kernels.unsupported import Unsupported
 
 STREAM_UNROLL = 4  # vectors a thread loads per step of a loop along a row (a split row, a row too long
+#                   for registers) or down columns, all before it uses any: a step per vector kept one
+#                   load in flight
 
 
 @cute.jit

@@ -13,14 +13,13 @@ from __future__ import annotations
 import math
 import operator
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
+import torch
 
 from thunder_fuser.kernels import packed_narrowing
-from thunder_fuser.kernels.expr import Load, Op, Reduce, Select, Unsupported, dtype_of
-
+from thunder_fuser.kernels.expr import Load, Op, Reduce, Select, dtype_of
+from thunder_fuser.kernels.unsupported import Unsupported
 
 DTYPES = {
     torch.float32: cutlass.Float32, torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
@@ -28,8 +27,6 @@ DTYPES = {
     torch.uint8: cutlass.Uint8, torch.int16: cutlass.Int16, torch.int32: cutlass.Int32,
     torch.int64: cutlass.Int64,
 }
-
-
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 

@@ -26,14 +26,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from thunder_fuser.ir.ops import METADATA, POINTWISE, REDUCTION
-from thunder_fuser.kernels.constants import Iotas, fill_number, find_iotas, number_op
 from thunder_fuser.ir.region import Node, Value
+from thunder_fuser.kernels.constants import Iotas, fill_number, find_iotas, number_op
+from thunder_fuser.kernels.unsupported import Unsupported
 from thunder_fuser.segment import Segment
 from thunder_fuser.segment.segmenter import seg_kind
-
-
-class Unsupported(Exception):
-    """The segment cannot be generated: the message is the reason a user reads."""
+from thunder_fuser.segment.views import alias_views
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,28 +222,6 @@ def columns_apart(prog: Program) -> list[Program]:
     if any(ld.row for ld in programs[1].loads):
         raise Unsupported("a sum per column reads a value per row unbroadcast")
     return programs
-
-
-def alias_views(seg: Segment) -> list[Node]:
-    """The view nodes (in segment order) that make outputs which are views of a segment
-    input or of another output. torch runs them after the kernel, on the tensors it wrote:
-    a stored copy would not alias its source, and an in-place update of one must show in
-    the other (``e = c.view(-1); e += d`` changes ``c``)."""
-    producer = {id(o): n for n in seg.nodes for o in n.outputs}
-    visible = {id(v) for v in seg.inputs} | {id(o) for o in seg.outputs}
-    chosen: set[int] = set()
-    for o in seg.outputs:
-        if id(o) in seg.stored_views:
-            continue
-        chain, v = [], o
-        while id(v) in producer and producer[id(v)].op in METADATA:
-            node = producer[id(v)]
-            chain.append(node)
-            v = node.args[0]
-            if id(v) in visible:
-                chosen.update(id(n) for n in chain)
-                break
-    return [n for n in seg.nodes if id(n) in chosen]
 
 
 def _numel(shape) -> int:

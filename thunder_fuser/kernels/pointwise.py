@@ -17,16 +17,24 @@ import cutlass
 import cutlass.cute as cute
 
 from thunder_fuser.kernels.cute_memory import (
-    coord_entry, flat_view, fragment, load_vector, mode_extent, move_if_full, no_select, operand_views, put_if,
-    row_coord, store_vector, with_coord_entry,
+    coord_entry,
+    flat_view,
+    fragment,
+    load_vector,
+    mode_extent,
+    move_if_full,
+    no_select,
+    operand_views,
+    put_if,
+    row_coord,
+    store_vector,
+    with_coord_entry,
 )
 from thunder_fuser.kernels.cute_values import Evaluator, as_vector, cute_where
 from thunder_fuser.kernels.expr import Load, Program, Select
-from thunder_fuser.kernels.geometry import Geometry, vector_access
+from thunder_fuser.kernels.geometry import vector_access
+from thunder_fuser.kernels.operands import Geometry
 
-
-#                                   loads are the row's last use (ld.global.lu) where ``geo.last_use``
-#                                   (rows_geometry.LOOP_LAST_USE_BYTES); fewer only to measure without them
 POINTWISE_THREADS = 128  # 128-1024 measured within noise of each other (H100, scripts/pointwise_probe.py)
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from thunder_fuser.kernels.expr import Program
-    from thunder_fuser.kernels.geometry import Geometry
+    from thunder_fuser.kernels.operands import Geometry
 
 REUSE_ROWS = 2  # rows a pointwise thread walks along a broadcast mode: 2 measured 3-6% above 1 and 4
 #                (RoPE, gelu + bias; scripts/pointwise_probe.py, H100)

@@ -17,34 +17,52 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
+import torch
 
 from thunder_fuser.kernels.columns_geometry import column_state_offsets
 from thunder_fuser.kernels.cute_memory import (
-    access_mode, flat_view, for_range, fragment, lanes_inside, load_vector, loaded_batch, no_select, operand_views,
-    row_coord, row_evaluator, scatter_if, shifted_operand, store_row_values, store_vector, streamed_loads, unroll,
+    access_mode,
+    flat_view,
+    for_range,
+    fragment,
+    lanes_inside,
+    load_vector,
+    loaded_batch,
+    no_select,
+    operand_views,
+    row_coord,
+    row_evaluator,
+    scatter_if,
+    shifted_operand,
+    store_row_values,
+    store_vector,
+    streamed_loads,
+    unroll,
     vector_evaluator,
 )
 from thunder_fuser.kernels.cute_reduce import COMBINE, IDENTITY, VECTOR_OP, across_threads, shared_accumulators
 from thunder_fuser.kernels.cute_values import Evaluator, as_vector, cast, cute_where, nan_maximum, result_as
 from thunder_fuser.kernels.expr import (
-    Load, Program, Reduce, column_sums, reductions_in_order, softmax_sums, subexpressions,
+    Load,
+    Program,
+    Reduce,
+    column_sums,
+    reductions_in_order,
+    softmax_sums,
+    subexpressions,
 )
-from thunder_fuser.kernels.geometry import Geometry, vector_access
+from thunder_fuser.kernels.geometry import vector_access
+from thunder_fuser.kernels.operands import Geometry
 from thunder_fuser.kernels.partials import finalize_column, partials_then_finalize
 from thunder_fuser.kernels.rows_geometry import row_block
 
-
-#                   for registers) or down columns, all before it uses any: a step per vector kept one
-#                   load in flight
 ONLINE_SOFTMAX = True  # rows too long for registers take a softmax's max and sum in one pass
-
-
 #                        (``expr.softmax_sums``); False only to measure the two passes beside it
 CACHE_HINTS = ("load", "store")  # a looped row's last pass: its stores stream (st.global.cs), and its
+#                                   loads are the row's last use (ld.global.lu) where ``geo.last_use``
+#                                   (rows_geometry.LOOP_LAST_USE_BYTES); fewer only to measure without them
 
 
 def _flat_row_edges(rt, Tr: int, V: int, shift, count, N, row_ok) -> list:

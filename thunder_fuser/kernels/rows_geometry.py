@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from thunder_fuser.kernels.geometry import Geometry
+    from thunder_fuser.kernels.operands import Geometry
 
 # Threads per row held in registers: the fewest whose vectors fit (``row_tiling``). Rows
 # of a part of a warp (4-16 threads) keep each thread's loads several and the warp's rows

@@ -20,13 +20,21 @@ from thunder_fuser.kernels.base_maps import aligned, views_for_call
 from thunder_fuser.kernels.columns_geometry import column_state_offsets
 from thunder_fuser.kernels.constants import find_iotas
 from thunder_fuser.kernels.expr import (
-    Program, Unsupported, alias_views, column_sums, columns_apart, lower_segment, reduce_in_stages,
-    reductions_in_order, render, split_at_reductions, transpose_first,
+    Program,
+    column_sums,
+    columns_apart,
+    lower_segment,
+    reduce_in_stages,
+    reductions_in_order,
+    render,
+    split_at_reductions,
+    transpose_first,
 )
-from thunder_fuser.kernels.geometry import (
-    Geometry, NeedsColumnsApart, NeedsSplit, NeedsStages, NeedsTranspose, build_geometry,
-)
+from thunder_fuser.kernels.geometry import NeedsColumnsApart, NeedsSplit, NeedsStages, NeedsTranspose, build_geometry
+from thunder_fuser.kernels.operands import Geometry
+from thunder_fuser.kernels.unsupported import Unsupported
 from thunder_fuser.layout import strides_for_order
+from thunder_fuser.segment.views import alias_views
 
 
 class _Part:

@@ -8,21 +8,29 @@ of the split). The split counts are computed in ``rows_geometry.row_splits``.
 
 from __future__ import annotations
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
+import torch
 
 from thunder_fuser.kernels.columns_geometry import column_state_offsets
 from thunder_fuser.kernels.cute_memory import (
-    for_range, fragment, loaded_batch, row_coord, store_row_values, store_scalar_if, store_vector, streamed_loads,
-    unroll, vector_evaluator,
+    for_range,
+    fragment,
+    loaded_batch,
+    row_coord,
+    store_row_values,
+    store_scalar_if,
+    store_vector,
+    streamed_loads,
+    unroll,
+    vector_evaluator,
 )
 from thunder_fuser.kernels.cute_reduce import COMBINE, IDENTITY, VECTOR_OP, across_threads, shared_accumulators
 from thunder_fuser.kernels.cute_values import as_vector
-from thunder_fuser.kernels.expr import Program, Unsupported, reductions_in_order
+from thunder_fuser.kernels.expr import Program, reductions_in_order
 from thunder_fuser.kernels.geometry import Geometry
 from thunder_fuser.kernels.partials import combined_splits, partials_then_finalize
+from thunder_fuser.kernels.unsupported import Unsupported
 
 
 def build_split_rows(prog: Program, geo: Geometry):

@@ -13,7 +13,13 @@ import cutlass
 import cutlass.cute as cute
 
 from thunder_fuser.kernels.cute_memory import (
-    coord_entry, load_scalar_if, mode_extent, operand_views, row_coord, store_vector, with_coord_entry,
+    coord_entry,
+    load_scalar_if,
+    mode_extent,
+    operand_views,
+    row_coord,
+    store_vector,
+    with_coord_entry,
 )
 from thunder_fuser.kernels.cute_values import cute_dtype
 from thunder_fuser.kernels.expr import Program

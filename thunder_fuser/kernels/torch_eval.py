@@ -13,7 +13,7 @@ import torch
 from thunder_fuser.backends.reference import REFERENCE_IMPLS, _conform
 from thunder_fuser.kernels.base_maps import mapped_layout, ref_first
 from thunder_fuser.kernels.expr import Load, Op, Program, Reduce, Select
-from thunder_fuser.kernels.geometry import Geometry
+from thunder_fuser.kernels.operands import Geometry
 
 
 def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None:

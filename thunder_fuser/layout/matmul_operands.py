@@ -19,6 +19,10 @@ matrix dim.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from thunder_fuser.ir.region import Region
 
 BATCHED = "batched"  # both operands have 3+ dims: the batch dims merge, then bmm
 FOLDED = "folded"  # linear's input, or a 3+-dim matmul operand beside a matrix: leading dims merge
@@ -81,3 +85,17 @@ def matmul_copies(shape, strides, how: str) -> bool:
             return False
     batched = _merge_as_view(shape[:-2], strides[:-2])
     return not (batched and _blas_matrix(shape[-2], shape[-1], strides[-2], strides[-1]))
+
+
+def lay_out_for_matmuls(region: Region, orders: dict, fresh: set[int]) -> list[str]:
+    """Lay out each output the plan allocates for the matmul that reads it, where one does;
+    a line per output whose order this changed."""
+    notes = []
+    for o in region.outputs:
+        how = region.matmul_reads.get(o.name)
+        if how is not None and id(o) in fresh and id(o) in orders:
+            new = matmul_order(orders[id(o)], how)
+            if new != orders[id(o)]:
+                notes.append(f"output {o.name} in order {new}, not {orders[id(o)]}: a {how} matmul reads it")
+            orders[id(o)] = new
+    return notes

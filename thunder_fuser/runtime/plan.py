@@ -14,20 +14,17 @@ import torch
 
 from thunder_fuser import debug
 from thunder_fuser.backends import reference
-from thunder_fuser.kernels.backend import KERNEL_KINDS, _device_of, kernel_mode, warn_fallback
-from thunder_fuser.kernels.expr import Unsupported, alias_views
-from thunder_fuser.kernels.segment_kernel import SegmentKernel, launch_group
 from thunder_fuser.ir.region import Region
-from thunder_fuser.layout import (
-    dim_provenance,
-    infer_allocation_orders,
-    matmul_order,
-    stride_order,
-    strides_for_order,
-)
-from thunder_fuser.runtime.stored_views import with_stored_views
+from thunder_fuser.kernels.backend import KERNEL_KINDS, _device_of, kernel_mode, warn_fallback
+from thunder_fuser.kernels.segment_kernel import SegmentKernel, launch_group
+from thunder_fuser.kernels.unsupported import Unsupported
+from thunder_fuser.layout import dim_provenance, infer_allocation_orders, stride_order, strides_for_order
+from thunder_fuser.layout.matmul_operands import lay_out_for_matmuls
+from thunder_fuser.layout.stored_views import with_stored_views
 from thunder_fuser.segment import Segment, schedule_segments
 from thunder_fuser.segment.schedule import Schedule
+from thunder_fuser.segment.transpose import transpose_segments
+from thunder_fuser.segment.views import fresh_values
 
 _UNSET = object()
 
@@ -45,37 +42,6 @@ def input_layout(region: Region, args) -> tuple[dict[str, tuple[int, ...]], dict
             orders[v.name] = stride_order(a.shape, st)
             bcast[v.name] = frozenset(d for d in range(a.ndim) if st[d] == 0 and a.shape[d] != 1)
     return orders, bcast
-
-
-def _innermost(shape, order) -> int:
-    """The fastest-moving dim that has more than one element (size-1 dims have no order)."""
-    return next((d for d in reversed(order) if shape[d] > 1), order[-1])
-
-
-def transpose_segments(segments: list[Segment], region: Region, orders: dict[int, tuple], prov) -> set[int]:
-    """Indices of pointwise segments where some input's fastest dim does not land on the
-    output's fastest dim (in the output's index space): those need the tiled transpose
-    template. A merged output dim is fastest-consistent when the input's fastest dim is the
-    inner part of it; where the input's fastest dim is split, its inner part must land on
-    the output's fastest dim (its outer parts may go anywhere); size-1 and broadcast dims
-    have no order and never count."""
-    inputs = {v.name: v for v in region.inputs}
-    result = set()
-    for seg in segments:
-        if seg.kind != "pointwise":
-            continue
-        for o in seg.outputs:
-            if not o.is_tensor or o.ndim < 2 or id(o) not in orders:
-                continue
-            inner = _innermost(o.shape, orders[id(o)])
-            for j, atoms in enumerate(prov.get(id(o), ())):
-                for name, idim, part, nparts in atoms:
-                    v = inputs.get(name)
-                    if v is None or id(v) not in orders or v.numel <= 1 or o.shape[j] <= 1:
-                        continue
-                    if idim == _innermost(v.shape, orders[id(v)]) and part == nparts - 1 and j != inner:
-                        result.add(seg.index)
-    return result
 
 
 @dataclass
@@ -204,13 +170,13 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     in_orders, in_bcast = input_layout(region, args)
     prov = dim_provenance(region, in_bcast)
     orders = infer_allocation_orders(region, in_orders, in_bcast, prov)
-    fresh = _fresh_values(region, segments)
-    notes = _for_matmuls(region, orders, fresh)
+    fresh = fresh_values(region, segments)
+    notes = lay_out_for_matmuls(region, orders, fresh)
     if kernel_mode({id(v): a for v, a in zip(region.inputs, args)}, region) is not None:
         segments, stored = with_stored_views(region, segments, args, orders)
         if stored:  # the stored views are allocated now too: lay them out for their matmul
-            now = _fresh_values(region, segments)
-            notes += stored + _for_matmuls(region, orders, now - fresh)
+            now = fresh_values(region, segments)
+            notes += stored + lay_out_for_matmuls(region, orders, now - fresh)
             fresh = now
     kinds = {s.index: s.kind for s in segments}
     for i in transpose_segments(segments, region, orders, prov):
@@ -228,31 +194,6 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     debug.dump("layout", lambda: _layout_text(region, in_orders, orders, kinds))
     return Plan(region, segments, orders, kinds, schedule_segments(region, segments), error, out_strides, written_inputs,
                 layout_notes=notes)
-
-
-def _for_matmuls(region: Region, orders: dict, fresh: set[int]) -> list[str]:
-    """Lay out each output the plan allocates for the matmul that reads it, where one does;
-    a line per output whose order this changed."""
-    notes = []
-    for o in region.outputs:
-        how = region.matmul_reads.get(o.name)
-        if how is not None and id(o) in fresh and id(o) in orders:
-            new = matmul_order(orders[id(o)], how)
-            if new != orders[id(o)]:
-                notes.append(f"output {o.name} in order {new}, not {orders[id(o)]}: a {how} matmul reads it")
-            orders[id(o)] = new
-    return notes
-
-
-def _fresh_values(region: Region, segments: list[Segment]) -> set[int]:
-    """Ids of the values the plan allocates. Outputs that are views of a segment's inputs or
-    outputs (all of a view segment's; the SDPA-bound v beside a kernel's scaled q and k)
-    are made by torch: nothing to allocate, and no copy into a chosen layout (for the GPT
-    block's v it cost 0.16 ms a step)."""
-    fresh = {id(o) for n in region.nodes if n.op not in ("copy_", "copy_to_out_", "update_aliases") for o in n.outputs}
-    fresh -= {id(v) for v in region.inputs}
-    fresh -= {id(o) for seg in segments for n in alias_views(seg) for o in n.outputs}
-    return fresh
 
 
 def _layout_text(region, in_orders, orders, kinds) -> str:

@@ -42,7 +42,7 @@ class Segment:
     split_reason: str | None = None  # why this segment did not join the one before
     reads: set = field(default_factory=set)  # ids of every value its nodes read
     # ids of outputs that are views but are stored by the kernel all the same (a plan's
-    # choice: ``runtime/stored_views.py``)
+    # choice: ``layout/stored_views.py``)
     stored_views: frozenset = frozenset()
 
     def describe(self) -> str:

@@ -28,9 +28,12 @@ import torch
 from thunder_fuser.backends import reference
 from thunder_fuser.ir.region import Region
 from thunder_fuser.kernels.backend import KERNEL_KINDS
-from thunder_fuser.kernels.expr import Unsupported, alias_views, lower_segment
-from thunder_fuser.layout import matmul_copies, strides_for_order
+from thunder_fuser.kernels.expr import lower_segment
+from thunder_fuser.kernels.unsupported import Unsupported
+from thunder_fuser.layout.allocation_order import strides_for_order
+from thunder_fuser.layout.matmul_operands import matmul_copies
 from thunder_fuser.segment import Segment
+from thunder_fuser.segment.views import alias_views
 
 
 def with_stored_views(region: Region, segments: list[Segment], args, orders: dict) -> tuple[list[Segment], list[str]]:
