@@ -673,7 +673,7 @@ def test_base_maps_describe_merges_and_slices_of_the_base(case):
     of an ``as_strided`` per call, and that rebuilding it from the base gives the view."""
     from thunder_fuser.kernels import torch_eval
     from thunder_fuser.kernels.base_maps import mode_map
-    from thunder_fuser.kernels.geometry import Geometry, Operand
+    from thunder_fuser.kernels.operands import Geometry, Operand
 
     base, view, ref_shape, expect = _base_map_cases()[case]
 
