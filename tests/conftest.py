@@ -35,3 +35,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def ptx_compile(tmp_path, monkeypatch):
+    """Kernels compile for sm_90a without a GPU, keep their PTX (in ``tmp_path / "ptx"``),
+    and go to a fresh disk cache (``tmp_path / "cache"``)."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
+    # the kept PTX goes to the test's own folder, not the working directory
+    (tmp_path / "ptx").mkdir()
+    from thunder_fuser.kernels import segment_kernel
+
+    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", f" --keep-ptx --dump-dir {tmp_path / 'ptx'}")

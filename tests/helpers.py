@@ -4,6 +4,7 @@ and the final contents of every input."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import thunder
@@ -390,3 +391,12 @@ def signed_operands(shape, dtype, device="cpu"):
     a = torch.randint(-1000, 1000, shape, dtype=dtype, device=device)
     b = torch.randint(1, 50, shape, dtype=dtype, device=device)
     return a, b * (torch.randint(0, 2, shape, dtype=dtype, device=device) * 2 - 1)
+
+
+def ptx_text(fn) -> str:
+    """A compiled kernel's PTX text (CuTe DSL gives the file's path when it was dumped to a
+    folder of our choosing)."""
+    from thunder_fuser.kernels import cache
+
+    ptx = cache.compiled_object(fn).artifacts.PTX
+    return Path(ptx).read_text() if ptx.endswith(".ptx") and Path(ptx).is_file() else ptx

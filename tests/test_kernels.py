@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from pathlib import Path
 
 import pytest
 import thunder
@@ -17,6 +16,7 @@ from benchmarks.workloads import (
     GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
 from helpers import (
+    ptx_text,
     CREATION_CASES, STAGED_REDUCTIONS, causal_attention, causal_mask_scores,
     check_a_misaligned_call_runs_a_shared_launch_apart,
     check_batch_norm_backward, check_gradients, check_layernorm_backward, check_norm_backward, check_vs_eager,
@@ -480,30 +480,9 @@ def _fusions_of(jfn):
 
 # ---- PTX on the CPU machine ----------------------------------------------------------------
 
-@pytest.fixture
-def ptx_compile(tmp_path, monkeypatch):
-    """Kernels compile for sm_90a without a GPU, keep their PTX (in ``tmp_path / "ptx"``),
-    and go to a fresh disk cache (``tmp_path / "cache"``)."""
-    pytest.importorskip("cutlass")
-    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
-    # the kept PTX goes to the test's own folder, not the working directory
-    (tmp_path / "ptx").mkdir()
-    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", f" --keep-ptx --dump-dir {tmp_path / 'ptx'}")
-
-
 def _global_accesses(ptx: str) -> list:
     """A kernel's global loads and stores in order (a failed count's message)."""
     return re.findall(r"[ls][dt]\.global[.\w]*", ptx)
-
-
-def _ptx(fn) -> str:
-    """A compiled kernel's PTX text (CuTe DSL gives the file's path when it was dumped to a
-    folder of our choosing)."""
-    from thunder_fuser.kernels import cache
-
-    ptx = cache.compiled_object(fn).artifacts.PTX
-    return Path(ptx).read_text() if ptx.endswith(".ptx") and Path(ptx).is_file() else ptx
 
 
 def _rope_args(batch, dtype):
@@ -698,7 +677,7 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
     fn, make = FAMILIES[name]
     parts = planned_parts(fn, make())
     assert parts
-    ptx = "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in parts)
+    ptx = "".join(ptx_text(segment_kernel.compile_program(p.prog, p.geo, None)) for p in parts)
     assert ".target sm_90a" in ptx
     if name.startswith("pointwise bf16"):
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx  # 128-bit accesses
@@ -777,7 +756,7 @@ def test_a_looped_rows_last_pass_streams_its_stores_and_marks_its_last_reads(ptx
 
     def ptx(n):
         p = part(n)
-        return _ptx(segment_kernel.compile_program(p.prog, p.geo, None))
+        return ptx_text(segment_kernel.compile_program(p.prog, p.geo, None))
 
     part(40000)  # 78 KiB of x, 156 with the weight's: no last use
     long, short = ptx(rows_geometry.LOOP_LAST_USE_BYTES // 2), ptx(30000)  # rows of 128 and 59 KiB
@@ -918,7 +897,7 @@ def test_only_a_tanh_rounded_to_bf16_at_once_uses_the_approximate_instruction(pt
     """tanh.approx.f32 errs by up to 2**-10.9 relative: below half a bf16 ulp, not an fp32 one."""
 
     def ptx(fn, x):
-        return "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in planned_parts(fn, (x,)))
+        return "".join(ptx_text(segment_kernel.compile_program(p.prog, p.geo, None)) for p in planned_parts(fn, (x,)))
 
     assert "tanh.approx.f32" in ptx(lambda x: torch.tanh(x.float()).to(torch.bfloat16), _r(64, 256))
     assert "tanh.approx" not in ptx(torch.tanh, _r(64, 256))
@@ -945,7 +924,7 @@ def test_bf16_roundings_pack_two_lanes_or_compute_in_bf16(ptx_compile):
     tanh, used both rounded and unrounded, is computed once, exactly."""
     parts = _backward_parts(lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
                             _r(64, 4096, dtype=torch.bfloat16))
-    ptx = "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in parts)
+    ptx = "".join(ptx_text(segment_kernel.compile_program(p.prog, p.geo, None)) for p in parts)
     assert "cvt.rn.bf16.f32" not in ptx and "cvt.rn.bf16x2.f32" in ptx
     assert "fma.rn.bf16x2" in ptx and "add.bf16x2" in ptx and not re.search(r"\bmul(\.rn)?\.bf16x2", ptx)
     assert "tanh.approx" not in ptx
@@ -957,15 +936,15 @@ def test_a_division_by_a_constant_multiplies_by_its_reciprocal(ptx_compile):
     ``div.rn.f32``, whose dozen instructions and slow-path branch made it compute-bound. A
     division by a tensor stays a division."""
     parts = _backward_parts(torch.nn.functional.gelu, _r(64, 4096))
-    ptx = "".join(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)) for p in parts)
+    ptx = "".join(ptx_text(segment_kernel.compile_program(p.prog, p.geo, None)) for p in parts)
     assert "ex2.approx" in ptx and "div.rn.f32" not in ptx  # the kernel (its exp) is there, no division
     (part,) = planned_parts(lambda a, b: a / b, (_r(64, 256), _r(64, 256)))
-    assert "div.rn.f32" in _ptx(segment_kernel.compile_program(part.prog, part.geo, None))
+    assert "div.rn.f32" in ptx_text(segment_kernel.compile_program(part.prog, part.geo, None))
 
 
 def test_fp16_roundings_pack_two_lanes_too(ptx_compile):
     (part,) = planned_parts(lambda a, b: (a * 0.1 + b) * a, (_r(64, 256, dtype=torch.float16), _r(64, 256, dtype=torch.float16)))
-    ptx = _ptx(segment_kernel.compile_program(part.prog, part.geo, None))
+    ptx = ptx_text(segment_kernel.compile_program(part.prog, part.geo, None))
     assert "cvt.rn.f16x2.f32" in ptx and "cvt.rn.f16.f32" not in ptx and "fma.rn.f16x2" in ptx
 
 
@@ -973,7 +952,7 @@ def test_one_tensor_read_as_two_pieces_is_loaded_twice(ptx_compile):
     """``cat((x, x))``: both pieces view the same operand; each needs its own load (its own
     shift and predicate). A cache by operand alone loaded once and wrote zeros for the second."""
     (part,) = planned_parts(lambda x: torch.cat((x, x), -1) + 1, (_r(3, 64),))
-    ptx = _ptx(segment_kernel.compile_program(part.prog, part.geo, None))
+    ptx = ptx_text(segment_kernel.compile_program(part.prog, part.geo, None))
     assert ptx.count("ld.global") == 2 and ptx.count("st.global") == 1, ptx
 
 
@@ -994,9 +973,9 @@ def test_independent_segments_share_one_launch(name, ptx_compile, torch_kernels)
     assert list(plan.groups) == [0] and plan.apart == {}
     group = plan.groups[0]
     assert len(group.parts) == len(plan.segments)
-    ptx = _ptx(segment_kernel.compile_group(group.parts, None))
+    ptx = ptx_text(segment_kernel.compile_group(group.parts, None))
     assert ptx.count(".entry") == 1
-    one = sum(_ptx(segment_kernel.compile_program(p.prog, p.geo, None)).count("st.global") for p in group.parts)
+    one = sum(ptx_text(segment_kernel.compile_program(p.prog, p.geo, None)).count("st.global") for p in group.parts)
     assert ptx.count("st.global") == one  # every program's stores, in one kernel
 
 

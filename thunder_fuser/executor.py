@@ -24,6 +24,7 @@ from thunder.extend import FusionExecutor, register_executor
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.rematerialize import rematerialize_if_safe, writes_in_place
+from thunder_fuser.rules.cross_entropy import register as register_losses
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
@@ -76,8 +77,17 @@ class FuserExecutor(FusionExecutor):
         for name in SUPPORTED:
             sym = copy_to_out_ if name == "copy_to_out_" else getattr(prims, name)
             self.register_supported(sym.id, _checker)
+        self._owned = register_losses(self)  # ids of the composite ops claimed with rules of our own
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
+        # an op we own is ours only where its checker takes it: thunder asks an executor
+        # that can fuse an op for its grad transform without the checker, so a loss our
+        # rule does not cover (probability targets) must not look fusible as a whole
+        if bsym.sym.id in self._owned:
+            return self.can_execute(bsym)
+        return self._can_fuse_prims(bsym)
+
+    def _can_fuse_prims(self, bsym: BoundSymbol) -> bool:
         # a no-op conversion (``x.half()`` of a half tensor) has no decomposition in thunder;
         # claiming it keeps the ops around it in one region
         if as_identity(bsym) is not None:

@@ -6,7 +6,7 @@ A causal mask is the common case: thunder decomposes ``is_causal`` attention int
 operand, through the broadcasts that follow it, so the compare runs per element in the
 kernel and the mask is never stored. A CuTe kernel does not even load an integer iota:
 the operand's view gives each element's index into the vector, and the value is
-``start + step * index`` (``Iotas.params``, ``cute_memory._iota_at``); only the torch
+``start + step * index`` (``Iotas.params``, ``cute_memory.iota_at``); only the torch
 backend and float iotas read the vector. A ``full`` is its fill number (``zeros_like``
 reads nothing), and a pointwise op over numbers alone is computed at lowering, in its dtype.
 """

@@ -272,7 +272,7 @@ def fragment(shape, dt):
     return cute.make_rmem_tensor(shape, cute_dtype(dt))
 
 
-def _iota_at(o, t2, m, n, k: int = 0):
+def iota_at(o, t2, m, n, k: int = 0):
     """Element ``(m, n)`` of an iota operand, ``k`` positions further along a stride-1
     ``N``, computed from its index in the view: the value ``start + step * index`` of the
     vector it views. A causal mask compares two of these per element, which a kernel
@@ -298,20 +298,21 @@ def load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, shift=None):
     if mode == "bcast":
         one = fragment((1, 1), o.dtype)
         if o.iota is not None:
-            one[0] = _iota_at(o, t2, m, 0)
+            one[0] = iota_at(o, t2, m, 0)
         else:
             one.fill(0)
             _gather_if(one, t2, m, 0, 1, pred, 1)
         return one.load().broadcast_to((1, V)) if V > 1 else one.load()
     frag = fragment((1, V), o.dtype)
-    if o.iota is not None and mode == "vec":
+    if o.iota is not None and mode == "vec" and shift is None:
         first = cutlass.Int64(cute.crd2idx((m, j * V), t2.layout))  # one index per vector
         for k in range(V):
             frag[k] = _iota_value(o, first, k)
         return frag.load()
-    if o.iota is not None:
+    if o.iota is not None:  # a flat row's vector starts ``shift`` elements before the row's column j * V
+        n0 = j * V if shift is None else j * V - shift
         for k in range(V):
-            frag[k] = _iota_at(o, t2, m, j * V + k)
+            frag[k] = iota_at(o, t2, m, n0 + k)
         return frag.load()
     frag.fill(0)
     if mode == "vec" and shift is not None:
@@ -358,7 +359,7 @@ def row_evaluator(geo: Geometry, t2s, m, n, pred, row_value) -> "Evaluator":
             raise Unsupported(f"{ld.source.name} read in a per-row value")
         slot = geo.load_slot[id(ld)]
         if geo.operands[slot].iota is not None:
-            return _iota_at(geo.operands[slot], t2s[slot], m, n)
+            return iota_at(geo.operands[slot], t2s[slot], m, n)
         return load_scalar_if(t2s[slot], m, n, pred)
 
     return Evaluator(load, row_value, no_select)

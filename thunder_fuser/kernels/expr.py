@@ -433,16 +433,38 @@ def softmax_sums(reductions) -> list:
     return found
 
 
+ONE_PASS_OPS = ("sum", "amax", "amin", "prod")  # reductions a looped row takes beside others in one pass
+
+
+def first_pass(order) -> tuple:
+    """What a row too long for registers reduces in its first walk of the row, where that is
+    more than one reduction: ``(softmax, plain)``, the first of ``softmax_sums(order)`` (its
+    max and sum taken online) or None, and the other reductions of ``ONE_PASS_OPS`` whose
+    arguments read no reduction (a cross-entropy's target logit and weighted sum beside its
+    logsumexp). ``(None, [])`` where one reduction or none would be taken."""
+    pairs = softmax_sums(order)
+    softmax = pairs[0] if pairs else None
+    plain = [e for e in order if e.op in ONE_PASS_OPS and not has_reduce(e.arg) and (softmax is None or e is not softmax[1])]
+    if (softmax is not None and plain) or len(plain) >= 2:
+        return softmax, plain
+    return None, []
+
+
 def reads_rows_once(prog: Program) -> bool:
     """A row reduction too long for registers reads its row once: it stores only row values
-    and its reductions are one pass (one sum, max, min or mean, or a softmax's max and sum,
-    taken online, ``softmax_sums``); anything more re-reads the row."""
+    and its reductions are one pass (one sum, max, min or mean; a softmax's max and sum,
+    taken online, ``softmax_sums``; or any of these whose arguments read no reduction,
+    together: ``first_pass``); anything more re-reads the row."""
     if any(not st.is_row for st in prog.stores):
         return False
     order = reductions_in_order(prog)
     if len(order) == 1:
         return order[0].op != "var"
-    return len(order) == 2 and any(s is order[1] and m is order[0] for s, m, _, _ in softmax_sums(order))
+    if len(order) == 2 and any(s is order[1] and m is order[0] for s, m, _, _ in softmax_sums(order)):
+        return True
+    softmax, plain = first_pass(order)
+    taken = {id(e) for e in plain} | ({id(softmax[0]), id(softmax[1])} if softmax else set())
+    return bool(taken) and all(id(e) in taken for e in order)
 
 
 def has_reduce(e) -> bool:
@@ -491,6 +513,16 @@ class _Lowering:
             raise Unsupported(f"{v.name}, a reshape that merges a cat/pad dim, is computed with")
         return e
 
+    def broadcast_scalar(self, a, out: Value):
+        """``operand(a)``; a 0-d tensor beside operands of ``out``'s shape (prims take it as a
+        number, with no broadcast) is broadcast to that shape first, so that the views pushed
+        through the op later apply to its load as to the others'."""
+        e = self.operand(a)
+        if isinstance(a, Value) and a.is_tensor and a.ndim == 0 and out.ndim > 0 and not _is_number(e):
+            shape = tuple(out.shape)
+            e = self.view(e, Node("broadcast_in_dim", (a, shape, ()), {}, (Value(f"{a.name}_b", shape, a.dtype),)))
+        return e
+
     def node(self, node: Node) -> None:
         op = node.op
         out = node.outputs[0]
@@ -500,7 +532,7 @@ class _Lowering:
             if any(isinstance(a, (tuple, list)) for a in node.args):
                 raise Unsupported(f"{op} with sequence arguments")
             # convert_element_type's second argument is the dtype: the node's output says it
-            args = tuple(self.operand(a) for a in (node.args[:1] if op == "convert_element_type" else node.args))
+            args = tuple(self.broadcast_scalar(a, out) for a in (node.args[:1] if op == "convert_element_type" else node.args))
             if all(map(_is_number, args)):
                 self.env[id(out)] = number_op(node, args)
             elif op == "where" and _is_number(args[0]):  # a constant condition (a full): one branch

@@ -353,8 +353,8 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
       along the rows, a value per row) are read element by element at
       each element's row and column (``pointwise._flat_pointwise_pieces``: Inductor's
       flat index).
-    Not with an iota, a cat/pad or an operand strided along N (which ``transpose_stage``
-    may stage)."""
+    An iota is computed at each element's row and column. Not with a cat/pad or an operand
+    strided along N (which ``transpose_stage`` may stage)."""
     if not FLAT_ROWS or geo.vector >= vector or vector <= 1 or len(geo.outer) != 1 or geo.outer_select:
         return False
     if geo.n < vector or (geo.row_vectors and geo.n < FLAT_MIN_VECTORS * vector):
@@ -362,7 +362,11 @@ def flat_rows(geo: Geometry, vector: int, pointwise: bool = False) -> bool:
     rows = geo.outer[0]
     for o in geo.operands:
         if o.iota is not None:
-            return False
+            # computed from each element's row and column (a cross-entropy's column index):
+            # in a pointwise kernel any iota, in a row kernel one that is the same every row
+            if not (pointwise or o.inner_mode == "bcast" or (o.inner_mode == "vec" and o.same_every_row)):
+                return False
+            continue
         if o.back_to_back(rows, geo.n):
             if not _base_aligned(o, geo.bases, vector):
                 return False

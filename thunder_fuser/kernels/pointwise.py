@@ -20,6 +20,7 @@ from thunder_fuser.kernels.cute_memory import (
     coord_entry,
     flat_view,
     fragment,
+    iota_at,
     load_vector,
     mode_extent,
     move_if_full,
@@ -171,6 +172,11 @@ def _flat_pointwise_pieces(prog: Program, geo: Geometry):
                 frag.fill(0)
                 if whole[slot]:
                     move_if_full(frag, tvs[slot][(None, (0, lin))], t2s[slot], m, n0, limit, ok, V, False)
+                elif ops[slot].iota is not None:  # computed at each element's row and column
+                    for k in range(V):
+                        wraps = n0 + k >= N
+                        frag[k] = iota_at(ops[slot], t2s[slot], cute_where(wraps, m + 1, m),
+                                          cute_where(wraps, n0 + k - N, n0 + k))
                 else:
                     _gather_across_rows(frag, t2s[slot], m, n0, M, N, V)
                 loaded[slot] = frag.load()

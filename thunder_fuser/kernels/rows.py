@@ -49,6 +49,7 @@ from thunder_fuser.kernels.expr import (
     Program,
     Reduce,
     column_sums,
+    first_pass,
     reductions_in_order,
     softmax_sums,
     subexpressions,
@@ -278,11 +279,64 @@ def build_rows(prog: Program, geo: Geometry):
             mine = acc.load().reduce(cute.ReductionOp.ADD, 0.0, 0) * _rescale(top[0], row_shift)
             return row_max, row_shift, finish(mine, "sum", tidx, acc_iter)
 
+        def fused_pass(softmax, plain):
+            """One walk of the row for several reductions (``expr.first_pass``): a softmax's
+            max and sum taken online as ``online_pass`` does (``softmax``: (the sum, the max,
+            X, C), or None), and the reductions ``plain`` beside it, each in an fp32
+            accumulator of its own."""
+            x_expr = softmax[2] if softmax else None
+            top = fragment((1, 1), torch.float32)
+            top.fill(-math.inf)
+            acc = fragment((1, V), torch.float32)
+            acc.fill(0.0)
+            plain_accs = []
+            for e in plain:
+                a = fragment((1, V), torch.float32)
+                a.fill(IDENTITY[e.op])
+                plain_accs.append(a)
+
+            def absorb(vectors, _):
+                if x_expr is not None:
+                    xs = [cute_where(keep, as_vector(ev.ev(x_expr), V, torch.float32), -math.inf)
+                          for ev, _, keep in vectors]
+                    most = xs[0]
+                    for x in xs[1:]:
+                        most = nan_maximum(most, x)
+                    new = nan_maximum(top[0], most.reduce(cute.ReductionOp.MAX, -math.inf, 0))
+                    shift = _finite_or_zero(new)
+                    total = acc.load() * _rescale(top[0], shift)
+                    for x in xs:
+                        total = total + cute.math.exp(x - shift)
+                    acc.store(total)
+                    top[0] = new
+                for e, a in zip(plain, plain_accs):
+                    for ev, _, keep in vectors:
+                        x = as_vector(ev.ev(e.arg), V, torch.float32)
+                        a.store(COMBINE[e.op](a.load(), cute_where(keep, x, IDENTITY[e.op])))
+
+            walk(([x_expr] if x_expr is not None else []) + [e.arg for e in plain], absorb)
+            if x_expr is not None:
+                s, mx, _, center = softmax
+                row_max = finish(top[0], "amax", tidx, acc_iter)
+                row_shift = _finite_or_zero(row_max)
+                mine = acc.load().reduce(cute.ReductionOp.ADD, 0.0, 0) * _rescale(top[0], row_shift)
+                total = finish(mine, "sum", tidx, acc_iter)
+                values[id(mx)] = row_max
+                c = row_evaluator(geo, t2s, m, 0, row_ok, lambda r: values[id(r)]).ev(center)
+                values[id(s)] = result_as(total * cute.math.exp(row_shift - c), s.dtype)
+            for e, a in zip(plain, plain_accs):
+                part = a.load().reduce(VECTOR_OP[e.op], IDENTITY[e.op], 0)
+                values[id(e)] = result_as(finish(part, e.op, tidx, acc_iter), e.dtype)
+
         means: dict = {}
         order = reductions_in_order(prog)
         online: dict = {}  # a max -> its first softmax sum (a second one takes a pass of its own)
         for s, top, x_expr, center in softmax_sums(order) if ONLINE_SOFTMAX else ():
             online.setdefault(id(top), (s, x_expr, center))
+        if ONLINE_SOFTMAX:
+            softmax, plain = first_pass(order)
+            if plain:
+                fused_pass(softmax, plain)
         for e in order:
             if id(e) in values:  # a softmax sum, taken with its max
                 continue

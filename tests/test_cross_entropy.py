@@ -1,0 +1,230 @@
+"""Cross-entropy and nll_loss as ops fuser_ex owns (``thunder_fuser/rules/cross_entropy.py``):
+forward and backward against eager for every option, the regions they run in, and what
+they save for backward. On the CPU the kernel segments run their lowered programs
+(``THUNDER_FUSER_KERNELS=torch``), so lowering and geometry are checked too."""
+
+import itertools
+
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+
+from helpers import assert_every_segment_ran_a_kernel, planned_parts, plans
+from thunder_fuser import fuser_ex
+
+pytestmark = pytest.mark.usefixtures("torch_kernels")  # the cuda tests below run generated kernels
+
+OPTIONS = list(itertools.product(("mean", "sum", "none"), (False, True), (-100, 2), (0.0, 0.1)))
+
+
+def _problem(n, c, dtype=torch.float32, ignore_index=-100, weight=False, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n, c, generator=g) * 3).to(device=device, dtype=dtype)
+    t = torch.randint(0, c, (n,), generator=g).to(device)
+    t[:: 5] = ignore_index  # some rows ignored (ignore_index 2 is a real class too)
+    w = (torch.rand(c, generator=g) + 0.5).to(device) if weight else None
+    return x, t, w
+
+
+def _check(fn, x, t, w, atol, target_dtype=torch.int64, **kw):
+    """Loss and logits gradient through fuser_ex against eager (float64 reference where the
+    logits are low precision), on fresh copies; the inputs are left as they were."""
+    jfn = thunder.jit(fn, executors=[fuser_ex])
+    xs = x.detach().clone().requires_grad_()
+    x_before = x.detach().clone()
+    out = jfn(xs, t.to(target_dtype), w, **kw)
+    cot = torch.randn_like(out)
+    out.backward(cot)
+    ref = x.detach().clone().double().requires_grad_()
+    expected = fn(ref, t, None if w is None else w.double(), **kw)
+    expected.backward(cot.double())
+    assert out.dtype == x.dtype and out.shape == expected.shape
+    torch.testing.assert_close(out.double(), expected.double(), atol=atol, rtol=atol)
+    torch.testing.assert_close(xs.grad.double(), ref.grad.double(), atol=atol, rtol=atol)
+    assert xs.grad.dtype == x.dtype
+    torch.testing.assert_close(xs.detach(), x_before, atol=0, rtol=0)  # the logits a user still reads are intact
+    return jfn
+
+
+def cross_entropy(x, t, w, **kw):
+    return F.cross_entropy(x, t, weight=w, **kw)
+
+
+def nll_of_log_softmax(x, t, w, **kw):
+    return F.nll_loss(F.log_softmax(x, -1), t, weight=w, **kw)
+
+
+@pytest.mark.parametrize("reduction,weight,ignore_index,label_smoothing", OPTIONS)
+def test_cross_entropy_matches_eager_for_every_option(reduction, weight, ignore_index, label_smoothing):
+    x, t, w = _problem(23, 37, ignore_index=ignore_index, weight=weight)
+    jfn = _check(cross_entropy, x, t, w, 1e-5, reduction=reduction, ignore_index=ignore_index,
+                 label_smoothing=label_smoothing)
+    assert_every_segment_ran_a_kernel(jfn)
+
+
+@pytest.mark.parametrize("reduction,weight,ignore_index", [o[:3] for o in OPTIONS if o[3] == 0.0])
+def test_nll_loss_over_log_softmax_matches_eager(reduction, weight, ignore_index):
+    x, t, w = _problem(19, 41, ignore_index=ignore_index, weight=weight)
+    jfn = _check(nll_of_log_softmax, x, t, w, 1e-5, reduction=reduction, ignore_index=ignore_index)
+    assert_every_segment_ran_a_kernel(jfn)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_logits_of_every_float_dtype(dtype):
+    x, t, _ = _problem(16, 50, dtype=dtype)
+    _check(cross_entropy, x, t, None, 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5)
+
+
+@pytest.mark.parametrize("target_dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
+def test_targets_of_any_integer_dtype(target_dtype):
+    """eager takes only int64 and uint8 targets; ours takes any integer dtype, and the int64
+    column index is compared with the target widened first (the int64-vs-int32 kernel bug
+    of every model's loss region)."""
+    x, t, _ = _problem(12, 30)
+    t = t.clamp(min=0)
+    _check(cross_entropy, x, t, None, 1e-5, target_dtype=target_dtype)
+
+
+def test_reduction_sum_of_fp32_logits_has_a_backward():
+    """thunder 0.2.6's own decomposition fails here in ATen's nll_loss_backward ("expected
+    scalar type Float but found Double")."""
+    x, t, _ = _problem(8, 11)
+    _check(lambda x, t, w: F.cross_entropy(x.float(), t, reduction="sum"), x, t, None, 1e-5)
+
+
+def test_logits_of_any_row_stride_and_odd_rows():
+    """A slice of wider rows (a row stride that is not the row length), a transposed view, and a
+    vocabulary of odd length (50257)."""
+    x, t, _ = _problem(6, 50257 + 3)
+    _check(cross_entropy, x[:, 3:], t.clamp(max=50256), None, 1e-5)
+    y, s, _ = _problem(33, 9)
+    _check(cross_entropy, y.t().contiguous().t(), s, None, 1e-5)
+
+
+def test_one_row_of_logits():
+    x, t, _ = _problem(1, 29)
+    _check(cross_entropy, x[0], t[0].clamp(min=0), None, 1e-5)
+    _check(cross_entropy, x[0], t[0].clamp(min=0), None, 1e-5, reduction="none")
+
+
+def test_every_row_ignored_gives_eagers_nan():
+    x, t, _ = _problem(4, 10)
+    t[:] = -100
+    jfn = thunder.jit(cross_entropy, executors=[fuser_ex])
+    assert torch.isnan(jfn(x, t, None)) and torch.isnan(F.cross_entropy(x, t))
+
+
+def test_forward_without_grad_is_the_same_rule():
+    x, t, w = _problem(10, 40, weight=True)
+    jfn = thunder.jit(cross_entropy, executors=[fuser_ex])
+    torch.testing.assert_close(jfn(x, t, w, label_smoothing=0.2), cross_entropy(x, t, w, label_smoothing=0.2))
+    assert "cross_entropy" not in str(thunder.last_traces(jfn)[-1]), "thunder's decomposition ran"
+
+
+def _loss_regions(jfn):
+    fw, bw = thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1]
+    return fw, bw
+
+
+def test_one_row_kernel_forward_one_pointwise_backward_and_only_row_statistics_saved():
+    """The forward's reductions over the classes are one row segment; the backward over the
+    logits one pointwise segment; nothing of size [rows, classes] in fp32 is saved for
+    backward or stored in either pass."""
+    n, c = 32, 3000
+    x, t, _ = _problem(n, c, dtype=torch.bfloat16)
+    x.requires_grad_()
+    jfn = thunder.jit(cross_entropy, executors=[fuser_ex])
+    jfn(x, t, None).backward()
+    fw, bw = _loss_regions(jfn)
+    segs = [s for p in plans(fw) for s in p.segments]
+    rows = [s for s in segs if s.kind == "normalization" and s.domain == (n, c)]
+    assert len(rows) == 1, [s.describe() for s in segs]
+    big = [s for s in segs if s.domain == (n, c) and s.kind != "view"]
+    assert big == rows, [s.describe() for s in big]
+    bsegs = [s for p in plans(bw) for s in p.segments if s.domain == (n, c) and s.kind != "view"]
+    assert [s.kind for s in bsegs] == ["pointwise"], [s.describe() for s in bsegs]
+    for trace in (fw, bw):
+        for p in plans(trace):
+            for o in p.region.outputs:
+                if o.is_tensor and o.dtype == torch.float32:
+                    assert o.numel < n * c, f"{o.name} {o.shape} fp32 of the logits' size in {p.region.name}"
+    assert "nll_loss_backward" not in str(bw) and "take_along" not in str(fw)
+
+
+def test_the_forward_reads_each_row_once():
+    """Over rows too long for registers the max and the sum of exp(x - max) are taken online,
+    and the target's logit in the same pass: the row kernel reads each row once."""
+    from thunder_fuser.kernels.expr import reads_rows_once
+
+    x, t, _ = _problem(4, 32000, dtype=torch.bfloat16)
+    parts = planned_parts(lambda x, t: F.cross_entropy(x, t), (x, t))
+    rows = [p for p in parts if p.prog.family == "rows" and p.prog.domain == (4, 32000)]
+    assert len(rows) == 1 and rows[0].geo.looped and reads_rows_once(rows[0].prog)
+
+
+def _backward_parts(fn, args) -> list:
+    """The kernel parts of the backward regions of ``fn`` on ``args`` (the torch backend plans
+    them on the CPU)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("THUNDER_FUSER_KERNELS", "torch")
+        jfn = thunder.jit(fn, executors=[fuser_ex])
+        jfn(*args).backward()
+    trace = thunder.last_backward_traces(jfn)[-1]
+    return [part for p in plans(trace) for _, k in sorted(p.kernels.items()) if k for part in k.parts]
+
+
+@pytest.mark.parametrize("vocab", [4096, 32000, 50257])
+def test_loss_kernels_compile_to_ptx_one_pass_each_way(vocab, ptx_compile):
+    """The forward's row kernel loads x once per vector it walks (one pass: the online max and
+    sum and the target's column beside them), in whole 16-byte vectors also over rows of odd
+    length (their flat run; the column index computed per element); the backward's
+    pointwise kernel over the logits stores the gradient in whole vectors. The compare
+    never loads an index: the column is computed."""
+    import re
+
+    from helpers import ptx_text
+    from thunder_fuser.kernels import segment_kernel
+    from thunder_fuser.kernels.cute_memory import unroll
+
+    n = 256
+    x = torch.randn(n, vocab, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, vocab, (n,))
+    fn = lambda x, t: F.cross_entropy(x, t)  # noqa: E731
+    (fwd,) = [p for p in planned_parts(fn, (x.detach(), t)) if p.prog.domain == (n, vocab)]
+    ptx = ptx_text(segment_kernel.compile_program(fwd.prog, fwd.geo, None))
+    steps = unroll(fwd.geo) if fwd.geo.looped else fwd.geo.row_vectors
+    assert fwd.geo.vector == 8 and ptx.count("ld.global.v4.b32") == steps, re.findall(r"ld\.global[.\w]*", ptx)
+    assert fwd.geo.flat == (vocab % 8 != 0)
+    (bwd,) = [p for p in _backward_parts(fn, (x, t)) if p.prog.domain == (n, vocab)]
+    ptx = ptx_text(segment_kernel.compile_program(bwd.prog, bwd.geo, None))
+    assert bwd.prog.family == "pointwise" and bwd.geo.vector == 8 and "st.global.v4.b32" in ptx
+
+
+@pytest.fixture
+def generated_kernels(monkeypatch):
+    """CUDA kernels, not the lowered programs; fresh outputs NaN, so an unwritten element fails."""
+    from thunder_fuser.kernels import segment_kernel
+
+    monkeypatch.delenv("THUNDER_FUSER_KERNELS", raising=False)
+    monkeypatch.setattr(segment_kernel, "FILL_NAN", True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("reduction,weight,ignore_index,label_smoothing", OPTIONS)
+def test_every_option_on_kernels(reduction, weight, ignore_index, label_smoothing, generated_kernels):
+    x, t, w = _problem(96, 50257, dtype=torch.bfloat16, ignore_index=ignore_index, weight=weight, device="cuda")
+    jfn = _check(cross_entropy, x, t, w, 2e-2, reduction=reduction, ignore_index=ignore_index,
+                 label_smoothing=label_smoothing)
+    assert_every_segment_ran_a_kernel(jfn)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("vocab,dtype", [(32000, torch.bfloat16), (128256, torch.bfloat16), (4097, torch.float16),
+                                         (1000, torch.float32), (256000, torch.bfloat16)])
+def test_vocabularies_and_dtypes_on_kernels(vocab, dtype, generated_kernels):
+    x, t, _ = _problem(64, vocab, dtype=dtype, device="cuda")
+    jfn = _check(cross_entropy, x, t, None, 2e-2 if dtype != torch.float32 else 1e-4)
+    assert_every_segment_ran_a_kernel(jfn)
+    jfn = _check(nll_of_log_softmax, x, t, None, 2e-2 if dtype != torch.float32 else 1e-4)
+    assert_every_segment_ran_a_kernel(jfn)

@@ -1,0 +1,210 @@
+"""Cross-entropy over classes (and ``nll_loss``) as ops fuser_ex owns, with their own
+forward and backward rules.
+
+thunder 0.2.6 decomposes ``F.cross_entropy`` into ``log_softmax``, ``take_along_dim`` and
+``nll_loss_backward`` (ATen's, which fails for ``reduction="sum"`` of fp32 logits: "expected
+scalar type Float but found Double"), so the loss stores an fp32 ``[tokens, classes]``
+log-softmax and its gradient. Here both passes are written in the prims our kernels fuse:
+
+* forward, one pass over each row (a row kernel; a row too long for registers takes the
+  max and the sum of exp(x - max) online): the row's logsumexp, the target's logit (a
+  compare of each column index with the target, summed: no gather) and, with label
+  smoothing or class weights, the row's weighted sum of logits and the target's weight.
+  What is saved for backward is per row: the fp32 logsumexp, the target, its weight;
+* backward, one pointwise pass over the logits: ``grad = p * (A + B * W) - A * onehot -
+  B * w`` with ``p = exp(x - lse)``, per-row scales ``A`` and ``B`` (the cotangent, the
+  reduction's denominator, the target's weight, the smoothing), written in the logits'
+  dtype;
+* the reduction over rows (sum or mean) reads the per-row losses: ``tokens`` numbers, not
+  the logits.
+
+Class-index targets of any integer dtype; logits 1-D or 2-D, fp16/bf16/fp32/fp64, any
+strides. Probability targets and more than two dims are left to thunder's decomposition.
+The formulas follow ATen's ``cross_entropy_loss_label_smoothing``: a mean divides both the
+nll term and the smoothing term by the rows not ignored, weighted by their targets' weights.
+"""
+
+from __future__ import annotations
+
+import thunder.torch as ltorch
+from thunder.core import dtypes
+from thunder.core.prims import get_grad, put_grad
+from thunder.core.proxies import TensorProxy
+
+_LOGIT_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+
+
+def _is_tensor(x) -> bool:
+    return isinstance(x, TensorProxy)
+
+
+def _class_index_problem(a, target, weight, size_average, reduce, reduction) -> bool:
+    """Logits ``[N, C]`` or ``[C]`` with integer targets ``[N]`` or ``[]``, on one device."""
+    if not (_is_tensor(a) and _is_tensor(target)) or size_average is not None or reduce is not None:
+        return False
+    if reduction not in ("none", "sum", "mean") or a.ndim not in (1, 2) or a.numel == 0:
+        return False
+    if dtypes.to_dtype(a.dtype) not in _LOGIT_DTYPES or not dtypes.is_exact_dtype(dtypes.to_dtype(target.dtype)):
+        return False
+    if dtypes.to_dtype(target.dtype) is dtypes.bool8 or tuple(target.shape) != tuple(a.shape[:-1]):
+        return False
+    if target.device != a.device:
+        return False
+    if weight is not None and not (_is_tensor(weight) and weight.ndim == 1 and weight.shape[0] == a.shape[-1]
+                                   and weight.device == a.device
+                                   and dtypes.to_dtype(weight.dtype) in _LOGIT_DTYPES):
+        return False
+    return True
+
+
+def cross_entropy_checker(a, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                          reduction="mean", label_smoothing=0.0) -> bool:
+    return _class_index_problem(a, target, weight, size_average, reduce, reduction) and 0.0 <= label_smoothing <= 1.0
+
+
+def nll_loss_checker(a, target, weight=None, ignore_index=-100, reduction="mean") -> bool:
+    return _class_index_problem(a, target, weight, None, None, reduction)
+
+
+class _Rows:
+    """The per-row pieces of a class-index loss over logits or log-probabilities ``x``
+    (``[N, C]``, fp32), from one pass over each row."""
+
+    def __init__(self, a, target, weight, ignore_index: int):
+        self.vector = a.ndim == 1  # one row: [C] logits, [] target
+        a2 = ltorch.unsqueeze(a, 0) if self.vector else a
+        t2 = ltorch.unsqueeze(target, 0) if self.vector else target
+        self.n, self.c = a2.shape
+        self.x = ltorch.to(a2, dtypes.float32)
+        t = ltorch.to(t2, dtypes.int64)
+        self.valid = ltorch.to(ltorch.ne(t, ignore_index), dtypes.float32)  # [N]
+        columns = ltorch.arange(self.c, device=a.device, dtype=dtypes.int64)
+        # the target's column as a compare per element: a gather would be a pass of its own
+        self.hit = ltorch.eq(ltorch.unsqueeze(columns, 0), ltorch.unsqueeze(t, 1))  # [N, C] bool
+        self.w = None if weight is None else ltorch.to(weight, dtypes.float32)  # [C]
+
+    def picked(self, values):
+        """Per row, ``values`` at the target's column (0 where the target is no column)."""
+        return ltorch.sum(ltorch.where(self.hit, values, 0.0), 1)
+
+    def target_weight(self):
+        """Per row, the target's class weight times whether the row counts (``[N]``)."""
+        if self.w is None:
+            return self.valid
+        return ltorch.mul(self.picked(ltorch.unsqueeze(self.w, 0)), self.valid)
+
+
+def _reduced(per_row, reduction: str, denominator, vector: bool):
+    if reduction == "none":
+        return ltorch.squeeze(per_row, 0) if vector else per_row
+    total = ltorch.sum(per_row)
+    return total if reduction == "sum" else ltorch.true_divide(total, denominator)
+
+
+def _cross_entropy_parts(a, target, weight, ignore_index, reduction, label_smoothing):
+    """(loss in fp32, what backward needs)."""
+    rows = _Rows(a, target, weight, ignore_index)
+    # the target's logit first: the segmenter then has a row reduction of x to add the
+    # logsumexp's max to (a row kernel over x), where the compare alone is a pointwise segment
+    picked = rows.picked(rows.x)
+    wt = rows.target_weight()  # [N]
+    lse = ltorch.logsumexp(rows.x, 1)  # [N]; its max and sum taken online
+    nll = ltorch.mul(ltorch.sub(lse, picked), wt)
+    eps = float(label_smoothing)
+    count = ltorch.sum(wt)  # the rows that count, weighted (nll_loss's denominator)
+    if eps == 0.0:
+        loss = _reduced(nll, reduction, count, rows.vector)
+        return loss, (rows, lse, wt, count, None)
+    if rows.w is None:
+        total_w, weighted_x = float(rows.c), ltorch.sum(rows.x, 1)
+    else:
+        total_w = ltorch.sum(rows.w)
+        weighted_x = ltorch.sum(ltorch.mul(rows.x, ltorch.unsqueeze(rows.w, 0)), 1)
+    smooth = ltorch.mul(ltorch.sub(ltorch.mul(lse, total_w), weighted_x), rows.valid)
+    # both terms' means divide by the rows that count, weighted (as ATen's label smoothing does)
+    loss = ltorch.add(
+        ltorch.mul(_reduced(nll, reduction, count, rows.vector), 1.0 - eps),
+        ltorch.mul(_reduced(smooth, reduction, count, rows.vector), eps / rows.c),
+    )
+    return loss, (rows, lse, wt, count, total_w)
+
+
+def cross_entropy_forward(a, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                          reduction="mean", label_smoothing=0.0):
+    """The loss without a backward (inference, or where no gradient flows to the logits)."""
+    loss, _ = _cross_entropy_parts(a, target, weight, ignore_index, reduction, label_smoothing)
+    return ltorch.to(loss, a.dtype)
+
+
+def _row_cotangent(g, reduction: str, rows: _Rows):
+    """The cotangent per row (``[N, 1]``, fp32) of a loss reduced by ``reduction``."""
+    g = ltorch.to(g, dtypes.float32)
+    if reduction == "none":
+        g = ltorch.unsqueeze(g, 0) if rows.vector else g
+        return ltorch.unsqueeze(g, 1)
+    return ltorch.expand(ltorch.reshape(g, (1, 1)), (rows.n, 1))
+
+
+def cross_entropy_grad(a, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                       reduction="mean", label_smoothing=0.0):
+    loss, (rows, lse, wt, count, total_w) = _cross_entropy_parts(
+        a, target, weight, ignore_index, reduction, label_smoothing)
+    out = ltorch.to(loss, a.dtype)
+    g = _row_cotangent(get_grad(out), reduction, rows)  # [N, 1]
+    # the backward computes the fp32 logits and the compare again from the logits and the
+    # targets: saved, they would be [N, C] (fp32 and bool) where the rows' statistics are [N]
+    rows = _Rows(a, target, weight, ignore_index)
+    eps = float(label_smoothing)
+    p = ltorch.exp(ltorch.sub(rows.x, ltorch.unsqueeze(lse, 1)))  # softmax, [N, C]
+    nll_scale = ltorch.unsqueeze(wt, 1)  # [N, 1]: the target's weight where the row counts
+    if reduction == "mean":
+        nll_scale = ltorch.true_divide(nll_scale, count)
+    a_scale = ltorch.mul(g, nll_scale if eps == 0.0 else ltorch.mul(nll_scale, 1.0 - eps))
+    onehot = ltorch.to(rows.hit, dtypes.float32)
+    if eps == 0.0:
+        grad = ltorch.mul(ltorch.sub(p, onehot), a_scale)
+    else:
+        b_scale = ltorch.mul(g, ltorch.unsqueeze(rows.valid, 1))
+        b_scale = ltorch.mul(b_scale, eps / rows.c)
+        if reduction == "mean":
+            b_scale = ltorch.true_divide(b_scale, count)
+        w = 1.0 if rows.w is None else ltorch.unsqueeze(rows.w, 0)
+        grad = ltorch.sub(
+            ltorch.sub(ltorch.mul(p, ltorch.add(a_scale, ltorch.mul(b_scale, total_w))), ltorch.mul(onehot, a_scale)),
+            ltorch.mul(b_scale, w),
+        )
+    grad = ltorch.to(grad, a.dtype)
+    put_grad(a, ltorch.squeeze(grad, 0) if rows.vector else grad)
+    return out
+
+
+def nll_loss_forward(a, target, weight=None, ignore_index=-100, reduction="mean"):
+    rows = _Rows(a, target, weight, ignore_index)
+    wt = rows.target_weight()
+    loss = _reduced(ltorch.neg(ltorch.mul(rows.picked(rows.x), wt)), reduction, ltorch.sum(wt), rows.vector)
+    return ltorch.to(loss, a.dtype)
+
+
+def nll_loss_grad(a, target, weight=None, ignore_index=-100, reduction="mean"):
+    rows = _Rows(a, target, weight, ignore_index)
+    wt = rows.target_weight()
+    count = ltorch.sum(wt)
+    out = ltorch.to(_reduced(ltorch.neg(ltorch.mul(rows.picked(rows.x), wt)), reduction, count, rows.vector), a.dtype)
+    g = _row_cotangent(get_grad(out), reduction, rows)
+    rows = _Rows(a, target, weight, ignore_index)  # the compare again, not saved
+    scale = ltorch.unsqueeze(wt, 1)
+    if reduction == "mean":
+        scale = ltorch.true_divide(scale, count)
+    grad = ltorch.neg(ltorch.mul(ltorch.to(rows.hit, dtypes.float32), ltorch.mul(g, scale)))
+    grad = ltorch.to(grad, a.dtype)
+    put_grad(a, ltorch.squeeze(grad, 0) if rows.vector else grad)
+    return out
+
+
+def register(executor) -> frozenset:
+    """Claim ``cross_entropy`` and ``nll_loss`` for ``executor`` with these rules; their ids."""
+    executor.register_supported(ltorch.cross_entropy, cross_entropy_checker,
+                                execution_transform=cross_entropy_forward, grad_transform=cross_entropy_grad)
+    executor.register_supported(ltorch.nll_loss, nll_loss_checker,
+                                execution_transform=nll_loss_forward, grad_transform=nll_loss_grad)
+    return frozenset((ltorch.cross_entropy.id, ltorch.nll_loss.id))
