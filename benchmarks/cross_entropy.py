@@ -137,7 +137,10 @@ def copy_tbps() -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--profile", action="store_true", help="print each contender's kernels per step instead")
     args = ap.parse_args(argv)
+    if args.profile:
+        return profile()
     copy = copy_tbps()
     rows = []
     fns = contenders()
@@ -169,6 +172,37 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "cross_entropy.md"), "w") as f:
         f.write(md)
     print(md)
+    return 0
+
+
+def profile() -> int:
+    """Each contender's GPU kernels in one step (torch.profiler): name, calls, total us."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for n, v in SHAPES:
+        x, t = _problem(n, v)
+        for name, fn in contenders().items():
+            if isinstance(fn, str) or name in ("eager", "thunder+torchcompile"):
+                continue
+            xs = x.detach().clone().requires_grad_()
+            for _ in range(3):
+                _step(fn, xs, t)
+            torch.cuda.synchronize()
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                _step(fn, xs, t)
+                torch.cuda.synchronize()
+            events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            total = sum(e.device_time for e in events)
+            print(f"== [{n}, {v}] {name}: {len(events)} kernels, {total:.0f} us")
+            by = {}
+            for e in events:
+                c, us = by.get(e.name, (0, 0.0))
+                by[e.name] = (c + 1, us + e.device_time)
+            for k, (c, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:8]:
+                print(f"   {us:9.0f} us  {c:3d}x  {k[:110]}")
+        del x, t
+        torch.cuda.empty_cache()
     return 0
 
 

@@ -228,3 +228,10 @@ def test_vocabularies_and_dtypes_on_kernels(vocab, dtype, generated_kernels):
     assert_every_segment_ran_a_kernel(jfn)
     jfn = _check(nll_of_log_softmax, x, t, None, 2e-2 if dtype != torch.float32 else 1e-4)
     assert_every_segment_ran_a_kernel(jfn)
+
+
+def test_nll_loss_without_ignore_index_ignores_torchs_default():
+    """thunder's nll_loss receives None where the caller gave no ignore_index; eager ignores
+    -100 then, and so must the rule."""
+    x, t, _ = _problem(15, 21)
+    _check(lambda x, t, w: F.nll_loss(F.log_softmax(x, -1), t), x, t, None, 1e-5)

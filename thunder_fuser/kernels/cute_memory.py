@@ -350,6 +350,19 @@ def no_select(e, pieces):
     raise Unsupported("cat/pad in a reduction kernel")
 
 
+def element_evaluator(geo: Geometry, t2s, m, n, pred, row_value) -> "Evaluator":
+    """An evaluator for the one element ``(m, n)`` of any operand, read as scalars where
+    ``pred`` (a cross-entropy's logit at the row's target column)."""
+
+    def load(ld: Load):
+        slot = geo.load_slot[id(ld)]
+        if geo.operands[slot].iota is not None:
+            return iota_at(geo.operands[slot], t2s[slot], m, n)
+        return load_scalar_if(t2s[slot], m, n, pred)
+
+    return Evaluator(load, row_value, no_select)
+
+
 def row_evaluator(geo: Geometry, t2s, m, n, pred, row_value) -> "Evaluator":
     """An evaluator for one value per row (``n == 0``) or per column (``m == 0``): its
     loads are row-shaped inputs, read as scalars."""

@@ -62,8 +62,13 @@ def cross_entropy_checker(a, target, weight=None, size_average=None, ignore_inde
     return _class_index_problem(a, target, weight, size_average, reduce, reduction) and 0.0 <= label_smoothing <= 1.0
 
 
-def nll_loss_checker(a, target, weight=None, ignore_index=-100, reduction="mean") -> bool:
+def nll_loss_checker(a, target, weight=None, ignore_index=None, reduction="mean") -> bool:
     return _class_index_problem(a, target, weight, None, None, reduction)
+
+
+def _nll_ignore_index(ignore_index):
+    """ltorch.nll_loss receives None where the caller gave no ignore_index: torch's default."""
+    return -100 if ignore_index is None else ignore_index
 
 
 class _Rows:
@@ -178,14 +183,16 @@ def cross_entropy_grad(a, target, weight=None, size_average=None, ignore_index=-
     return out
 
 
-def nll_loss_forward(a, target, weight=None, ignore_index=-100, reduction="mean"):
+def nll_loss_forward(a, target, weight=None, ignore_index=None, reduction="mean"):
+    ignore_index = _nll_ignore_index(ignore_index)
     rows = _Rows(a, target, weight, ignore_index)
     wt = rows.target_weight()
     loss = _reduced(ltorch.neg(ltorch.mul(rows.picked(rows.x), wt)), reduction, ltorch.sum(wt), rows.vector)
     return ltorch.to(loss, a.dtype)
 
 
-def nll_loss_grad(a, target, weight=None, ignore_index=-100, reduction="mean"):
+def nll_loss_grad(a, target, weight=None, ignore_index=None, reduction="mean"):
+    ignore_index = _nll_ignore_index(ignore_index)
     rows = _Rows(a, target, weight, ignore_index)
     wt = rows.target_weight()
     count = ltorch.sum(wt)
