@@ -235,3 +235,15 @@ def test_nll_loss_without_ignore_index_ignores_torchs_default():
     -100 then, and so must the rule."""
     x, t, _ = _problem(15, 21)
     _check(lambda x, t, w: F.nll_loss(F.log_softmax(x, -1), t), x, t, None, 1e-5)
+
+
+def test_an_integer_where_beside_an_int64_vector_compiles():
+    """``where(t != -100, t, 0)`` over int64 targets (thunder's nll_loss decomposition, in every
+    model's loss region): the DSL took the 0 as Int32 beside an Int64 vector and refused the
+    pair (KernelBugWarning "x and y must have the same dtype, but got Int64 and Int32")."""
+    from helpers import compile_planned_kernels_to_ptx
+
+    t = torch.randint(-1, 50, (64, 40))
+    t[::3] = -100
+    compile_planned_kernels_to_ptx(lambda t: torch.where(t != -100, t, 0) * 3, (t,))
+    compile_planned_kernels_to_ptx(lambda t: torch.where(t != -100, 7, t).sum(1), (t,))

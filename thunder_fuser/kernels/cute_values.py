@@ -64,6 +64,10 @@ def cute_where(c, a, b, dt=None):
             c = cute.full(vec.shape, c, cutlass.Boolean)
         if not isinstance(a, cute.TensorSSA) and not isinstance(b, cute.TensorSSA):
             a = cute.full(vec.shape, a, typ)
+        if typ is not cutlass.Int32 and typ is not cutlass.Boolean and issubclass(typ, cutlass.Integer):
+            # a Python integer beside a vector of int64 (or int8, int16): the DSL takes the
+            # number as Int32 and refuses the pair (thunder's nll_loss: where(t != -100, t, 0))
+            a, b = (cute.full(vec.shape, x, typ) if isinstance(x, int) else x for x in (a, b))
         return cute.where(c, a, b)
     a, b = (typ(x) if isinstance(x, (bool, int, float)) else x for x in (a, b))
     return typ(cutlass.select_(c, a, b))  # a bare MLIR value: give it back its numeric type

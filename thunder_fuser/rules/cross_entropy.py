@@ -80,12 +80,20 @@ class _Rows:
         a2 = ltorch.unsqueeze(a, 0) if self.vector else a
         t2 = ltorch.unsqueeze(target, 0) if self.vector else target
         self.n, self.c = a2.shape
-        self.x = ltorch.to(a2, dtypes.float32)
+        # the per-row values first, then the logits' upcast: the segmenter puts a node in the
+        # segment of its latest producer, so the row kernel over x must come after them
         t = ltorch.to(t2, dtypes.int64)
-        self.valid = ltorch.to(ltorch.ne(t, ignore_index), dtypes.float32)  # [N]
-        columns = ltorch.arange(self.c, device=a.device, dtype=dtypes.int64)
-        # the target's column as a compare per element: a gather would be a pass of its own
-        self.hit = ltorch.eq(ltorch.unsqueeze(columns, 0), ltorch.unsqueeze(t, 1))  # [N, C] bool
+        valid = ltorch.ne(t, ignore_index)
+        self.valid = ltorch.to(valid, dtypes.float32)  # [N]
+        # the target's column as a compare per element (a row kernel reads the one element
+        # instead: kernels/rows._target_picks), in 32 bits where the classes allow: 64-bit
+        # integer arithmetic takes several instructions per element. A row that does not
+        # count compares with -1, which no column is
+        index_dtype = dtypes.int32 if self.c < 2**31 else dtypes.int64
+        index = ltorch.to(ltorch.where(valid, t, -1), index_dtype)
+        columns = ltorch.arange(self.c, device=a.device, dtype=index_dtype)
+        self.hit = ltorch.eq(ltorch.unsqueeze(columns, 0), ltorch.unsqueeze(index, 1))  # [N, C] bool
+        self.x = ltorch.to(a2, dtypes.float32)
         self.w = None if weight is None else ltorch.to(weight, dtypes.float32)  # [C]
 
     def picked(self, values):
