@@ -183,7 +183,8 @@ def profile() -> int:
     for n, v in SHAPES:
         x, t = _problem(n, v)
         for name, fn in contenders().items():
-            if isinstance(fn, str) or name in ("eager", "thunder+torchcompile"):
+            if isinstance(fn, str) or name in ("eager", "thunder+torchcompile") or (
+                    os.environ.get("PROFILE_ONLY") and name not in os.environ["PROFILE_ONLY"].split(";")):
                 continue
             xs = x.detach().clone().requires_grad_()
             for _ in range(3):

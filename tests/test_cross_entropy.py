@@ -163,6 +163,12 @@ def test_the_forward_reads_each_row_once():
     assert len(rows) == 1 and rows[0].geo.looped and reads_rows_once(rows[0].prog)
 
 
+def _loads(ptx: str) -> list:
+    import re
+
+    return re.findall(r"ld\.global[.\w]*", ptx)
+
+
 def _backward_parts(fn, args) -> list:
     """The kernel parts of the backward regions of ``fn`` on ``args`` (the torch backend plans
     them on the CPU)."""
@@ -196,6 +202,8 @@ def test_loss_kernels_compile_to_ptx_one_pass_each_way(vocab, ptx_compile):
     steps = unroll(fwd.geo) if fwd.geo.looped else fwd.geo.row_vectors
     assert fwd.geo.vector == 8 and ptx.count("ld.global.v4.b32") == steps, re.findall(r"ld\.global[.\w]*", ptx)
     assert fwd.geo.flat == (vocab % 8 != 0)
+    if not fwd.geo.flat:  # the target's logit, its index and the row's other values: once per row
+        assert len(re.findall(r"ld\.global\.(?:[bsu]8|[bsu]32|[bsu]64|b16)\b", ptx)) <= 4, _loads(ptx)
     (bwd,) = [p for p in _backward_parts(fn, (x, t)) if p.prog.domain == (n, vocab)]
     ptx = ptx_text(segment_kernel.compile_program(bwd.prog, bwd.geo, None))
     assert bwd.prog.family == "pointwise" and bwd.geo.vector == 8 and "st.global.v4.b32" in ptx

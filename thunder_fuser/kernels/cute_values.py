@@ -70,6 +70,8 @@ def cute_where(c, a, b, dt=None):
             a, b = (cute.full(vec.shape, x, typ) if isinstance(x, int) else x for x in (a, b))
         return cute.where(c, a, b)
     a, b = (typ(x) if isinstance(x, (bool, int, float)) else x for x in (a, b))
+    if isinstance(c, cutlass.Numeric) and type(c) is not cutlass.Boolean:
+        c = c != 0  # a condition read from memory (a bool row value) holds a byte: select takes an i1
     return typ(cutlass.select_(c, a, b))  # a bare MLIR value: give it back its numeric type
 
 

@@ -51,6 +51,7 @@ from thunder_fuser.kernels.expr import (
     Program,
     Reduce,
     column_sums,
+    dtype_of,
     first_pass,
     has_reduce,
     reductions_in_order,
@@ -129,14 +130,24 @@ def _target_picks(order, geo: Geometry) -> dict:
         if not (_is_zero(other) and isinstance(cond, Op) and cond.op == "eq") or has_reduce(x):
             continue
         for column, index in (cond.args, cond.args[::-1]):
-            if not (isinstance(column, Load) and isinstance(index, Load)):
+            if not isinstance(column, Load) or dtype_of(index) not in _INDEX_DTYPES or has_reduce(index):
                 continue
-            oc, oi = geo.operands[geo.load_slot[id(column)]], geo.operands[geo.load_slot[id(index)]]
-            if (oc.iota == (0, 1, 0) and oc.same_every_row and oc.stride[-1] == 1 and oi.iota is None
-                    and oi.inner_mode == "bcast" and not oi.dtype.is_floating_point and oi.dtype != torch.bool):
+            oc = geo.operands[geo.load_slot[id(column)]]
+            if oc.iota == (0, 1, 0) and oc.same_every_row and oc.stride[-1] == 1 and _per_row(index, geo):
                 picks[id(e)] = (x, index)
                 break
     return picks
+
+
+_INDEX_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _per_row(e, geo: Geometry) -> bool:
+    """Does expression ``e`` read only operands that are one value per row (stride 0 along
+    the row, no iota)?"""
+    loads = [x for x in subexpressions([e]) if isinstance(x, Load)]
+    return all(geo.operands[geo.load_slot[id(ld)]].inner_mode == "bcast"
+               and geo.operands[geo.load_slot[id(ld)]].iota is None for ld in loads)
 
 
 def _is_zero(x) -> bool:
