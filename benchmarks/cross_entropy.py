@@ -207,16 +207,24 @@ def profile() -> int:
     return 0
 
 
+def _one_line(text) -> str:
+    """An error as one table cell: no colour codes, no line breaks, no pipes."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(text))
+    return " ".join(text.replace("|", "/").split())[:160]
+
+
 def markdown(doc) -> str:
     lines = [f"{doc['device']}; torch {doc['torch']}; copy {doc['copy_tbps']:.2f} TB/s", "",
              "| shape | contender | ms | x torch.compile | x quack | TB/s of 3 passes | % of copy | extra GiB |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for shape in {tuple(r["shape"]) for r in doc["rows"]}:
+    for shape in dict.fromkeys(tuple(r["shape"]) for r in doc["rows"]):
         rows = [r for r in doc["rows"] if tuple(r["shape"]) == shape]
         ref = {r["contender"]: r.get("ms") for r in rows}
         for r in rows:
             if r.get("ms") is None:
-                lines.append(f"| {list(shape)} | {r['contender']} | {r.get('error')} | | | | | |")
+                lines.append(f"| {list(shape)} | {r['contender']} | failed: {_one_line(r.get('error'))} | | | | | |")
                 continue
             tc, qk = ref.get("torch.compile"), ref.get("quack")
             lines.append(

@@ -294,33 +294,42 @@ def build_rows(prog: Program, geo: Geometry):
             walk([arg], absorb)
             return finish(acc.load().reduce(VECTOR_OP[op], IDENTITY[op], 0), op, tidx, acc_iter)
 
-        def online_pass(x_expr):
-            """The row's max of ``x_expr`` and its sum of exp(x - max) in one pass: a thread
-            keeps its running max and its sum relative to it, rescaled when the max grows (once
-            per batch of vectors); the threads' sums are rescaled to the row's max, then added."""
+        def online_state():
+            """A thread's running max (``top``) and its vector of sums of exp(x - max)."""
             top = fragment((1, 1), torch.float32)
             top.fill(-math.inf)
             acc = fragment((1, V), torch.float32)
             acc.fill(0.0)
+            return top, acc
 
-            def absorb(vectors, _):
-                xs = [cute_where(keep, as_vector(ev.ev(x_expr), V, torch.float32), -math.inf) for ev, _, keep in vectors]
-                most = xs[0]
-                for x in xs[1:]:
-                    most = nan_maximum(most, x)
-                new = nan_maximum(top[0], most.reduce(cute.ReductionOp.MAX, -math.inf, 0))
-                shift = _finite_or_zero(new)
-                total = acc.load() * _rescale(top[0], shift)
-                for x in xs:
-                    total = total + cute.math.exp(x - shift)
-                acc.store(total)
-                top[0] = new
+        def absorb_online(top, acc, x_expr, vectors):
+            """Fold one batch of vectors into the running max and sum: the sum is rescaled when
+            the max grows (once per batch)."""
+            xs = [cute_where(keep, as_vector(ev.ev(x_expr), V, torch.float32), -math.inf) for ev, _, keep in vectors]
+            most = xs[0]
+            for x in xs[1:]:
+                most = nan_maximum(most, x)
+            new = nan_maximum(top[0], most.reduce(cute.ReductionOp.MAX, -math.inf, 0))
+            shift = _finite_or_zero(new)
+            total = acc.load() * _rescale(top[0], shift)
+            for x in xs:
+                total = total + cute.math.exp(x - shift)
+            acc.store(total)
+            top[0] = new
 
-            walk([x_expr], absorb)
+        def finish_online(top, acc):
+            """(the row's max, its finite shift, the row's sum of exp(x - shift)): the threads'
+            sums rescaled to the row's max, then added."""
             row_max = finish(top[0], "amax", tidx, acc_iter)
             row_shift = _finite_or_zero(row_max)
             mine = acc.load().reduce(cute.ReductionOp.ADD, 0.0, 0) * _rescale(top[0], row_shift)
             return row_max, row_shift, finish(mine, "sum", tidx, acc_iter)
+
+        def online_pass(x_expr):
+            """The row's max of ``x_expr`` and its sum of exp(x - max) in one pass."""
+            top, acc = online_state()
+            walk([x_expr], lambda vectors, _: absorb_online(top, acc, x_expr, vectors))
+            return finish_online(top, acc)
 
         def fused_pass(softmax, plain):
             """One walk of the row for several reductions (``expr.first_pass``): a softmax's
@@ -328,10 +337,7 @@ def build_rows(prog: Program, geo: Geometry):
             X, C), or None), and the reductions ``plain`` beside it, each in an fp32
             accumulator of its own."""
             x_expr = softmax[2] if softmax else None
-            top = fragment((1, 1), torch.float32)
-            top.fill(-math.inf)
-            acc = fragment((1, V), torch.float32)
-            acc.fill(0.0)
+            top, acc = online_state()
             plain_accs = []
             for e in plain:
                 a = fragment((1, V), torch.float32)
@@ -340,18 +346,7 @@ def build_rows(prog: Program, geo: Geometry):
 
             def absorb(vectors, _):
                 if x_expr is not None:
-                    xs = [cute_where(keep, as_vector(ev.ev(x_expr), V, torch.float32), -math.inf)
-                          for ev, _, keep in vectors]
-                    most = xs[0]
-                    for x in xs[1:]:
-                        most = nan_maximum(most, x)
-                    new = nan_maximum(top[0], most.reduce(cute.ReductionOp.MAX, -math.inf, 0))
-                    shift = _finite_or_zero(new)
-                    total = acc.load() * _rescale(top[0], shift)
-                    for x in xs:
-                        total = total + cute.math.exp(x - shift)
-                    acc.store(total)
-                    top[0] = new
+                    absorb_online(top, acc, x_expr, vectors)
                 for e, a in zip(plain, plain_accs):
                     for ev, _, keep in vectors:
                         x = as_vector(ev.ev(e.arg), V, torch.float32)
@@ -360,10 +355,7 @@ def build_rows(prog: Program, geo: Geometry):
             walk(([x_expr] if x_expr is not None else []) + [e.arg for e in plain], absorb)
             if x_expr is not None:
                 s, mx, _, center = softmax
-                row_max = finish(top[0], "amax", tidx, acc_iter)
-                row_shift = _finite_or_zero(row_max)
-                mine = acc.load().reduce(cute.ReductionOp.ADD, 0.0, 0) * _rescale(top[0], row_shift)
-                total = finish(mine, "sum", tidx, acc_iter)
+                row_max, row_shift, total = finish_online(top, acc)
                 values[id(mx)] = row_max
                 c = row_evaluator(geo, t2s, m, 0, row_ok, lambda r: values[id(r)]).ev(center)
                 values[id(s)] = result_as(total * cute.math.exp(row_shift - c), s.dtype)
