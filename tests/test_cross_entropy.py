@@ -255,3 +255,21 @@ def test_an_integer_where_beside_an_int64_vector_compiles():
     t[::3] = -100
     compile_planned_kernels_to_ptx(lambda t: torch.where(t != -100, t, 0) * 3, (t,))
     compile_planned_kernels_to_ptx(lambda t: torch.where(t != -100, 7, t).sum(1), (t,))
+
+
+def test_a_models_loss_is_one_row_kernel_whatever_thunder_orders_first():
+    """As a model writes it: logits [b, s, vocab] and targets [b, s] reshaped to rows. The
+    targets' view and the per-row values join the logits' row kernel (the segmenter's view
+    rule, the index computed over the broadcast targets), so the logits are read once, and
+    the targets' view is one value per row to the kernel (it was "targets (64,) cannot be
+    viewed over the domain (64, 512)" in litgpt's step)."""
+    def loss_of(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    logits = torch.randn(2, 32, 512, requires_grad=True)
+    targets = torch.randint(0, 512, (2, 32))
+    targets[:, :3] = -100
+    jfn = _check(lambda x, t, w: loss_of(x, t), logits, targets, None, 1e-5)
+    segs = [s for p in plans(thunder.last_traces(jfn)[-1]) for s in p.segments if s.domain == (64, 512)]
+    assert [s.kind for s in segs] == ["normalization"], [s.describe() for s in segs]
+    assert all(not p.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))

@@ -610,7 +610,12 @@ class _Lowering:
         if isinstance(e, Load):
             if e.shifts:
                 raise Unsupported(f"{node.op} of a cat/pad piece")
-            return Load(e.source, e.views + (node,), row=e.row and tuple(node.outputs[0].shape) in self.row_shapes)
+            shape = tuple(node.outputs[0].shape)
+            # one value per row: a row's view that keeps that shape, or a reshape of a whole
+            # input to it (targets [b, s] viewed as [b * s] beside logits [b * s, vocab])
+            whole = node.op == "reshape" and _numel(e.source.shape) == _numel(shape)
+            row = shape in self.row_shapes and (e.row or whole)
+            return Load(e.source, e.views + (node,), row=row)
         if (is_row(e) or is_column(e)) and has_reduce(e):
             # one number per row (column): any view that keeps the rows in their order (reshape,
             # squeeze, broadcast_in_dim without reordering dims, each extent onto a kept dim)

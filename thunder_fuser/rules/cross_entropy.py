@@ -88,11 +88,16 @@ class _Rows:
         # the target's column as a compare per element (a row kernel reads the one element
         # instead: kernels/rows._target_picks), in 32 bits where the classes allow: 64-bit
         # integer arithmetic takes several instructions per element. A row that does not
-        # count compares with -1, which no column is
+        # count compares with -1, which no column is. The index is computed over the
+        # broadcast targets, [N, C], so that it is work of the row kernel over the logits
+        # (evaluated once per row there) rather than a segment of its own, which would keep
+        # the row kernel from joining the logits' other reductions wherever thunder orders
+        # it first
         index_dtype = dtypes.int32 if self.c < 2**31 else dtypes.int64
-        index = ltorch.to(ltorch.where(valid, t, -1), index_dtype)
+        tb = ltorch.expand(ltorch.unsqueeze(t, 1), (self.n, self.c))
+        index = ltorch.to(ltorch.where(ltorch.ne(tb, ignore_index), tb, -1), index_dtype)
         columns = ltorch.arange(self.c, device=a.device, dtype=index_dtype)
-        self.hit = ltorch.eq(ltorch.unsqueeze(columns, 0), ltorch.unsqueeze(index, 1))  # [N, C] bool
+        self.hit = ltorch.eq(ltorch.unsqueeze(columns, 0), index)  # [N, C] bool
         self.x = ltorch.to(a2, dtypes.float32)
         self.w = None if weight is None else ltorch.to(weight, dtypes.float32)  # [C]
 

@@ -211,6 +211,13 @@ def _choose(node, k, dom, latest, segments, barrier, hazards, seg_of):
     """
     lo = max(latest.index if latest is not None else 0, barrier, 0)
     cands = segments[lo:] if latest is not None else segments[lo:][::-1]
+    newest = cands[0] if cands else None
+    if latest is None and k == "view" and newest is not None and _per_row_of(newest, dom):
+        # a view of region inputs to one value per row moves no data: it joins the newest row
+        # kernel, so its consumers may too (targets [b, s] viewed as [b * s] after the
+        # logits' row kernel opened: the target's logit then joins that kernel, not a second)
+        if hazards.conflict(node, newest, seg_of) is None:
+            return newest, None
     first_reason = None
     for seg in cands[:_WINDOW]:
         reason = _try_join(seg, node, k, dom, seg is latest)
@@ -223,6 +230,16 @@ def _choose(node, k, dom, latest, segments, barrier, hazards, seg_of):
 
 
 _WINDOW = 16
+
+
+def _per_row_of(seg: Segment, dom) -> bool:
+    """Is ``dom`` one value per row of ``seg``: its reduced or keepdim shape, or, for a
+    pointwise segment that a row reduction may yet turn into a row kernel, the domain's
+    leading dims?"""
+    if seg.kind in ("reduction", "normalization") and seg.reduced is not None:
+        return dom in (_reduced_shape(seg.domain, seg.reduced), _keepdim_shape(seg.domain, seg.reduced))
+    d = tuple(dom)
+    return seg.kind == "pointwise" and 0 < len(d) < len(seg.domain) and tuple(seg.domain[:len(d)]) == d
 
 
 def segment_region(region: Region) -> list[Segment]:
