@@ -1037,3 +1037,16 @@ def test_two_processes_compiling_one_kernel_share_the_disk_cache(tmp_path):
     assert third.stdout.split()[-2:] == ["0", "1"], third.stdout  # compiled 0, loaded 1
     assert third.stdout.splitlines()[-2] == "[]", third.stdout  # no TVM-FFI module imported by the load
     assert third.stdout.splitlines()[-3] == "tvm_ffi.core Function", third.stdout
+
+
+def test_a_cat_with_an_empty_piece_drops_it(torch_kernels):
+    """litgpt's RoPE over the whole head cats ``q[..., n:]``, which is empty: its zero-extent
+    operand failed to compile ("expects positive shape mode"), a fallback on the GPU."""
+    from helpers import compile_planned_kernels_to_ptx
+
+    def fn(q, cos):
+        return torch.cat((q[..., :16] * cos, q[..., 16:]), -1)
+
+    args = (_r(2, 4, 32, 16), _r(32, 16))
+    check_vs_eager(fn, *args)
+    compile_planned_kernels_to_ptx(fn, args)

@@ -680,6 +680,8 @@ class _Lowering:
             d = dim % out.ndim
             bounds, pieces, at = [0], [], 0
             for t in tensors:
+                if t.shape[d] == 0:  # an empty piece (litgpt's RoPE over the whole head: q[..., n:]) adds nothing
+                    continue
                 pieces.append(self.shifted(self.operand(t), at, node, d))
                 at += t.shape[d]
                 bounds.append(at)
