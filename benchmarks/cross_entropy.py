@@ -29,6 +29,7 @@ import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
 import thunder
 from thunder.executors.torch_compile import torch_compile_ex
 
+from benchmarks.run import copy_bandwidth
 from thunder_fuser import fuser_ex
 
 SHAPES = ((4096, 32000), (8192, 128256), (4096, 50257))
@@ -119,21 +120,6 @@ def _time(fn, x, t) -> tuple[float, float]:
     return statistics.median(a.elapsed_time(b) for a, b in times), extra / 2**30
 
 
-def copy_tbps() -> float:
-    a = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(20):
-        b.copy_(a)
-    e.record()
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 20 / (s.elapsed_time(e) * 1e-3) / 1e12
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
@@ -141,7 +127,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.profile:
         return profile()
-    copy = copy_tbps()
+    copy = copy_bandwidth()  # the suite's reference copy, measured in this run
     rows = []
     fns = contenders()
     for n, v in SHAPES:
