@@ -69,7 +69,9 @@ class Geometry:
     #                    is broadcast, loading that operand once for all its rows
     stage: tuple = ()  # pointwise: (outer mode, operand slots) read through shared-memory tiles, the
     #                    operands contiguous along that mode and strided along N (``transpose_stage``)
-    bases: list = field(default_factory=list)  # the first call's tensors the operands view
+    # the tensors the operands view: the first call's while the geometry is built, then
+    # meta stand-ins of the same shape, strides and dtype (``drop_call_tensors``)
+    bases: list = field(default_factory=list)
     call_views: tuple = ()  # per operand: (base index, None where the base is passed as it is, an int
     #                        where it is passed beside that element offset, else (shape, stride,
     #                        element offset) of its ``as_strided``)
@@ -79,6 +81,15 @@ class Geometry:
     # of operand ``map_ref``'s mode)
     base_maps: tuple = ()
     map_ref: int = 0
+
+    def drop_call_tensors(self) -> None:
+        """Keep only what the compile and the signature read of the bases (their metadata):
+        a geometry lives as long as its kernel, and holding the first call's tensors kept a
+        whole training step's activations alive between steps (issue 30: 9 GiB held)."""
+        self.bases = [
+            torch.empty(0, dtype=b.dtype, device="meta").as_strided(b.shape, b.stride(), b.storage_offset())
+            for b in self.bases
+        ]
 
     @property
     def outer_select(self) -> bool:

@@ -145,6 +145,7 @@ class SegmentKernel:
             if ref is None:
                 ref = next((False, id(ld.source)) for ld in part.prog.loads if env[id(ld.source)] is b)
             refs.append(ref)
+        geo.drop_call_tensors()
         part.base_refs, part.geo = refs, geo
         fresh = {j for j, (from_store, i) in enumerate(refs) if from_store and part.allocs[i] is not None}
         # a fresh allocation is 256-byte aligned, so only its static offset could misalign it
