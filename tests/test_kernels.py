@@ -16,6 +16,8 @@ from benchmarks.workloads import (
     GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
 from helpers import (
+    assert_every_segment_ran_a_kernel,
+    compile_planned_kernels_to_ptx,
     ptx_text,
     CREATION_CASES, STAGED_REDUCTIONS, causal_attention, causal_mask_scores,
     check_a_misaligned_call_runs_a_shared_launch_apart,
@@ -1050,3 +1052,59 @@ def test_a_cat_with_an_empty_piece_drops_it(torch_kernels):
     args = (_r(2, 4, 32, 16), _r(32, 16))
     check_vs_eager(fn, *args)
     compile_planned_kernels_to_ptx(fn, args)
+
+
+def _grouped_query_rope(q, k, cos, sin):
+    """litgpt's attention inputs: RoPE over the whole head (a cat with ``q[..., n:]``, empty),
+    then ``k`` repeated per query head (``repeat_interleave``: a broadcast merged into the
+    head dim, which no stride walks)."""
+    def rope(x):
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
+        return torch.cat((x * cos + rotated * sin, x[..., x.shape[-1]:]), -1)
+
+    return rope(q) * 0.5, rope(k).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+
+
+@pytest.mark.parametrize("transpose_k", [False, True], ids=["k as SDPA reads it", "k transposed (q @ k.mT)"])
+def test_grouped_query_expand_and_its_backward_run_kernels(transpose_k, torch_kernels):
+    """issue 30: ``repeat_interleave`` of a RoPE'd ``k`` (a broadcast merged into the heads:
+    the kernel iterates over ``[b, g, r, s, e]`` instead) and its backward (a sum over the
+    repeats, between kept dims: the repeats added as slices) each run as kernels, with no
+    segment on the reference backend; a cat read through the expand's broadcast and
+    transpose (views through a select) too."""
+    def fn(q, k, cos, sin):
+        q2, k2 = _grouped_query_rope(q, k, cos, sin)
+        return q2, k2.mT if transpose_k else k2
+
+    q, k = _r(2, 8, 32, 16).requires_grad_(), _r(2, 2, 32, 16).requires_grad_()
+    args = (q, k, _r(32, 16), _r(32, 16))
+    jfn = thunder.jit(fn, executors=[fuser_ex])
+    outs = jfn(*args)
+    want = fn(*args)
+    for o, w in zip(outs, want):
+        torch.testing.assert_close(o, w)
+    grads = torch.autograd.grad(outs, (q, k), [torch.ones_like(w) for w in want])
+    want_grads = torch.autograd.grad(want, (q, k), [torch.ones_like(w) for w in want])
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w)
+    assert_every_segment_ran_a_kernel(jfn)
+    compile_planned_kernels_to_ptx(lambda q, k, c, s: fn(q.detach(), k.detach(), c, s), args)
+
+
+def test_a_small_sum_between_kept_dims_is_added_as_slices():
+    """The expand's backward, ``[b, g, r, s, e] -> [b, g, s, e]``, over r = 4 in bf16: four
+    slices added in fp32 and rounded once, one pointwise segment; a sum over the last dim,
+    or over the first, stays a reduction (a row or column kernel takes those)."""
+    from helpers import fusion_block
+
+    def fn(x):
+        return x.sum(2), x.sum(-1), x.sum(0)
+
+    x = torch.randn(2, 3, 4, 5, 6, dtype=torch.bfloat16)
+    jfn = thunder.jit(fn, executors=[fuser_ex])
+    for got, want in zip(jfn(x), fn(x.float())):
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=1e-2)
+    block = fusion_block(thunder.last_traces(jfn)[-1])
+    assert "t1_s3 = prims.slice_prim(t0, [0, 0, 3, 0, 0], [2, 3, 4, 5, 6], [1, 1, 1, 1, 1])" in block, block
+    assert block.count("prims.sum(") == 2, block

@@ -27,7 +27,7 @@ import torch
 
 from thunder_fuser.ir.ops import METADATA, POINTWISE, REDUCTION
 from thunder_fuser.ir.region import Node, Value
-from thunder_fuser.kernels.constants import Iotas, fill_number, find_iotas, number_op
+from thunder_fuser.kernels.constants import Iotas, fill_number, find_iotas, number_op, typed_number
 from thunder_fuser.kernels.unsupported import Unsupported
 from thunder_fuser.segment import Segment
 from thunder_fuser.segment.segmenter import seg_kind
@@ -196,8 +196,92 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
             raise Unsupported(f"cat/pad along {len(dims)} dims {dims} in one kernel (at most 2)")
         prog = Program(family, shape, (), group, select_dims=tuple(dims))
         _collect_loads(prog)
-        progs.append(prog)
+        progs.append(_unmerged_broadcasts(prog))
     return progs
+
+
+def _broadcast_merge(ld: Load) -> tuple[int, list] | None:
+    """Where ``ld``'s views merge a dim that an earlier broadcast expanded with another dim
+    (``k.expand(b, g, r, s, e).reshape(b, g * r, s, e)``: grouped-query attention's
+    ``repeat_interleave``), followed by transposes only: that reshape's index among the
+    views, and the dims it merges per dim of its result. No stride walks such a merged dim:
+    torch copies there. None elsewhere."""
+    expanded: set = set()
+    for i, node in enumerate(ld.views):
+        if node.op == "broadcast_in_dim":
+            before, shape, bdims = node.args[0].shape, node.args[1], node.args[2]
+            kept = {b for k, b in enumerate(bdims) if before[k] != 1 and k not in expanded}
+            expanded = {j for j in range(len(shape)) if j not in kept and shape[j] != 1}
+        elif node.op == "transpose":
+            expanded = {j for j, p in enumerate(node.args[1]) if p in expanded}
+        elif node.op == "reshape":
+            before, after = tuple(node.args[0].shape), tuple(node.args[1])
+            groups = _merge_groups(before, after)
+            if groups is None:
+                return None
+            if any(len([d for d in g if before[d] != 1]) > 1 and expanded & set(g) for g in groups):
+                rest = ld.views[i + 1:]
+                return (i, groups) if all(n.op == "transpose" for n in rest) else None
+            expanded = {j for j, g in enumerate(groups) if g and all(d in expanded or before[d] == 1 for d in g)
+                        and after[j] != 1}
+        else:
+            expanded = set()
+    return None
+
+
+def _merge_groups(before: tuple, after: tuple) -> list | None:
+    """Per dim of ``after``, the dims of ``before`` it merges (neighbours, in order); None
+    where the reshape splits a dim."""
+    groups, d = [], 0
+    for extent in after:
+        group, n = [], 1
+        while d < len(before) and n * before[d] <= extent and (n < extent or before[d] == 1):
+            group.append(d)
+            n *= before[d]
+            d += 1
+        if n != extent:
+            return None
+        groups.append(group)
+    return groups if d == len(before) else None
+
+
+def _unmerged_broadcasts(prog: Program) -> Program:
+    """A pointwise program that stores a broadcast merged into another dim (the expanded
+    ``k`` of grouped-query attention, which SDPA reads as ``[b, h, s, e]``) iterates over the
+    dims before the merge instead: ``[b, g, r, s, e]``, where the broadcast has stride 0.
+    Every other operand is viewed over it by splitting dims, which any strides allow, so
+    the kernel writes the copy torch would make, fused with the ops before it."""
+    if prog.select_dims or prog.reduced or any(ld.shifts for ld in prog.loads) or any(st.domain for st in prog.stores):
+        return prog
+    table, domains = {}, set()
+    for ld in prog.loads:
+        found = _broadcast_merge(ld)
+        if found is None:
+            continue
+        i, groups = found
+        merge = ld.views[i]
+        perm = list(range(len(groups)))
+        for node in ld.views[i + 1:]:
+            perm = [perm[p] for p in node.args[1]]
+        # the domain's dims, each split into the dims its reshape dim merged
+        order = [d for p in perm for d in groups[p]]
+        before = tuple(merge.args[0].shape)
+        domain = tuple(before[d] for d in order)
+        views = ld.views[:i]
+        if order != sorted(order):
+            out = Value(f"{ld.source.name}_unmerged", domain, ld.source.dtype)
+            views += (Node("transpose", (merge.args[0], tuple(order)), {}, (out,)),)
+        table[id(ld)] = Load(ld.source, views, ld.shifts, ld.row)
+        domains.add(domain)
+    if len(domains) != 1:
+        return prog
+    domain = domains.pop()
+    if _numel(domain) != _numel(prog.domain):
+        return prog
+    swap = _substitution(table, "a broadcast is unmerged")
+    out = Program(prog.family, domain, (), [replace(st, expr=swap(st.expr)) for st in prog.stores])
+    _collect_loads(out)
+    return out
 
 
 def column_sums(prog: Program) -> list:
@@ -638,7 +722,54 @@ class _Lowering:
             before, after = tuple(node.args[0].shape), tuple(node.outputs[0].shape)
             new = _dim_through_reshape(before, after, e.dim)
             return Reshaped(e, before) if new is None else self.reshape_select(e, new, after)
+        if isinstance(e, Select) and node.op in ("transpose", "broadcast_in_dim"):
+            return self.view_select(e, node)
         raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")
+
+    def view_select(self, e: Select, node: Node) -> Select:
+        """A transpose or broadcast_in_dim of a cat/pad result (litgpt's RoPE cat read by the
+        grouped-query expand; a gradient's pad transposed back to ``[b, s, h, e]``): the same
+        selects along the dims their dims become, each piece viewed alike with its own extents
+        along the select dims, its loads' shifts moved with their dims."""
+        in_shape = tuple(node.args[0].shape)
+        if node.op == "transpose":
+            perm = tuple(node.args[1])
+            to = {p: j for j, p in enumerate(perm)}
+
+            def view_args(piece):
+                return (perm,)
+        else:
+            shape, bdims = tuple(node.args[1]), tuple(node.args[2])
+            to = dict(enumerate(bdims))
+
+            def view_args(piece):
+                out = list(shape)
+                for i, b in enumerate(bdims):
+                    if in_shape[i] == shape[b]:  # a kept extent (an expanded one is 1 in every piece)
+                        out[b] = piece[i]
+                return (tuple(out), bdims)
+
+        def move(x, extents: dict):
+            if _is_number(x):
+                return x
+            if isinstance(x, Op):
+                return Op(x.op, tuple(move(a, extents) for a in x.args), x.dtype)
+            if isinstance(x, Select):
+                if node.op == "broadcast_in_dim" and in_shape[x.dim] != shape[bdims[x.dim]]:
+                    raise Unsupported("a broadcast along a cat/pad dim")
+                pieces = tuple(move(p, {**extents, x.dim: hi - lo}) for p, lo, hi in zip(x.pieces, x.bounds, x.bounds[1:]))
+                return Select(pieces, x.bounds, x.fill, x.dtype, to[x.dim])
+            if isinstance(x, Load) and not x.row:
+                piece = tuple(extents.get(d, s) for d, s in enumerate(in_shape))
+                args = view_args(piece)
+                src = Value(f"{x.source.name}_piece", piece, x.source.dtype)
+                out_shape = tuple(piece[p] for p in args[0]) if node.op == "transpose" else args[0]
+                out = Value(f"{x.source.name}_piece", out_shape, x.source.dtype)
+                return Load(x.source, x.views + (Node(node.op, (src,) + args, {}, (out,)),),
+                            tuple(sorted((to[d], at) for d, at in x.shifts)), x.row)
+            raise Unsupported(f"{node.op} of a cat/pad piece holding a {type(x).__name__.lower()}")
+
+        return move(e, {})
 
     def keeps_rows(self, node: Node, rows: bool) -> bool:
         """Does broadcast_in_dim ``node`` put each extent of its input onto a kept dim: the
@@ -679,15 +810,23 @@ class _Lowering:
             tensors, dim = node.args
             d = dim % out.ndim
             bounds, pieces, at = [0], [], 0
+            tensors = [t for t in tensors if t.shape[d]]  # an empty piece (litgpt's RoPE over the whole head:
+            #                                                q[..., n:]) adds nothing
+            if len(tensors) == 1:  # what is left is the cat
+                self.env[id(out)] = self.operand(tensors[0])
+                return
             for t in tensors:
-                if t.shape[d] == 0:  # an empty piece (litgpt's RoPE over the whole head: q[..., n:]) adds nothing
-                    continue
                 pieces.append(self.shifted(self.operand(t), at, node, d))
                 at += t.shape[d]
                 bounds.append(at)
             self.env[id(out)] = Select(tuple(pieces), tuple(bounds), 0, out.dtype, d)
         else:
             a, fill, config = node.args
+            if not _numel(a.shape):  # a pad of nothing (a gradient of an empty slice) is its fill
+                if isinstance(fill, Value):
+                    raise Unsupported("a pad of nothing with a fill known only at run time")
+                self.env[id(out)] = typed_number(fill, out.dtype)
+                return
             if any(interior for _, _, interior in config):
                 raise Unsupported("interior padding")
             if any(lo < 0 or hi < 0 for lo, hi, _ in config):

@@ -1,0 +1,76 @@
+"""A reduction over a few elements is a pointwise op over that many slices.
+
+The grouped-query expand's backward sums the gradient of ``k.repeat_interleave(r, 1)``
+over ``r`` (4 in Llama-3, 7 in Qwen2): ``[b, g, r, s, e] -> [b, g, s, e]``, a reduced dim
+between kept ones. No row kernel takes it (the reduced dim is not innermost) and no column
+kernel either (the kept dims are two runs apart), so it ran on the reference backend, once
+per layer (issue 30). Written as ``x[:, :, 0] + x[:, :, 1] + ...`` it is pointwise: each
+slice is a strided view the kernel reads as it is, the sum joins the pointwise work around
+it (the RoPE backward that follows), and it reads each element once, as a reduction would.
+Only such reductions are rewritten: with kept dims on both sides of the reduced ones;
+elsewhere a row or a column kernel takes them (a norm's weight gradient over 8 rows rides
+in the row kernel of its input gradient).
+
+Sums of 16-bit floats add in fp32 and round once at the end, as a reduction does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from thunder_fuser.ir.region import Node, Region, Value
+
+SMALL_REDUCTION = 16  # reduced elements per output up to which slices are added instead
+_COMBINE = {"sum": "add", "amax": "maximum", "amin": "minimum"}
+
+
+def small_reductions_as_pointwise(region: Region) -> None:
+    nodes = []
+    for n in region.nodes:
+        nodes.extend(_unrolled(n) if _is_small(n) else [n])
+    region.nodes = nodes
+
+
+def _is_small(n: Node) -> bool:
+    if n.op not in _COMBINE or not n.output.shape:
+        return False
+    x, dims = n.args[0], set(n.args[1])
+    count = math.prod(x.shape[d] for d in dims)
+    # kept dims on both sides: no row kernel (reduced innermost) nor column kernel (kept
+    # innermost, one run) takes it in the logical layout; elsewhere they do, better
+    outer = any(x.shape[d] > 1 for d in range(min(dims)))
+    inner = any(x.shape[d] > 1 for d in range(max(dims) + 1, len(x.shape)))
+    return 1 < count <= SMALL_REDUCTION and outer and inner
+
+
+def _unrolled(n: Node) -> list[Node]:
+    x, dims, out = n.args[0], tuple(sorted(n.args[1])), n.output
+    widen = n.op == "sum" and x.dtype in (torch.float16, torch.bfloat16)
+    acc_dtype = torch.float32 if widen else out.dtype
+    nodes: list[Node] = []
+    terms: list[Value] = []
+    for k, at in enumerate(itertools.product(*(range(x.shape[d]) for d in dims))):
+        start, end = [0] * len(x.shape), list(x.shape)
+        for d, j in zip(dims, at):
+            start[d], end[d] = j, j + 1
+        piece = Value(f"{out.name}_s{k}", tuple(e - s for s, e in zip(start, end)), x.dtype)
+        term = Value(f"{out.name}_p{k}", tuple(out.shape), x.dtype)
+        nodes.append(Node("slice_prim", (x, start, end, [1] * len(x.shape)), {}, (piece,)))
+        nodes.append(Node("reshape", (piece, tuple(out.shape)), {}, (term,)))
+        if widen:
+            wide = Value(f"{out.name}_f{k}", tuple(out.shape), acc_dtype)
+            nodes.append(Node("convert_element_type", (term, acc_dtype), {}, (wide,)))
+            term = wide
+        terms.append(term)
+    acc = terms[0]
+    for k, term in enumerate(terms[1:], 1):
+        last = k == len(terms) - 1 and not widen
+        total = out if last else Value(f"{out.name}_a{k}", tuple(out.shape), acc_dtype)
+        nodes.append(Node(_COMBINE[n.op], (acc, term), {}, (total,)))
+        acc = total
+    if widen:
+        nodes.append(Node("convert_element_type", (acc, out.dtype), {}, (out,)))
+    return nodes
