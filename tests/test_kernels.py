@@ -17,6 +17,7 @@ from benchmarks.workloads import (
 )
 from helpers import (
     assert_every_segment_ran_a_kernel,
+    assert_every_segment_ran_a_kernel_forward,
     compile_planned_kernels_to_ptx,
     ptx_text,
     CREATION_CASES, STAGED_REDUCTIONS, causal_attention, causal_mask_scores,
@@ -1108,3 +1109,33 @@ def test_a_small_sum_between_kept_dims_is_added_as_slices():
     block = fusion_block(thunder.last_traces(jfn)[-1])
     assert "t1_s3 = prims.slice_prim(t0, [0, 0, 3, 0, 0], [2, 3, 4, 5, 6], [1, 1, 1, 1, 1])" in block, block
     assert block.count("prims.sum(") == 2, block
+
+
+def test_a_slice_of_a_pad_runs_as_a_kernel(torch_kernels):
+    """transformers' shifted labels, ``F.pad(labels, (0, 1), value=-100)[..., 1:]``: the slice
+    moves the pad's bounds and slices the piece's load (once 'slice_prim of a select result');
+    a slice inside the piece and one across both pieces too."""
+    def fn(t, x):
+        labels = torch.nn.functional.pad(t, (0, 1), value=-100)
+        padded = torch.nn.functional.pad(x, (2, 3))
+        return labels[..., 1:], padded[:, 3:9], padded[1:, :4]
+
+    args = (torch.randint(0, 50, (2, 16)), _r(3, 16))
+    jfn = check_vs_eager(fn, *args)[0]
+    assert_every_segment_ran_a_kernel_forward(jfn)
+    compile_planned_kernels_to_ptx(fn, args)
+
+
+def test_a_merge_no_stride_walks_iterates_over_the_dims_before_it(torch_kernels):
+    """The grouped-query value gradient from attention, ``[b, h, s, e]`` strided as
+    ``[b, s, h, e]``, summed over each group's repeats and merged back to ``[b, s, g * e]``:
+    g's stride is r * e, so no view merges g and e ('needs a copy'); the kernel iterates over
+    ``[b, s, g, e]`` and stores the merged tensor through a split view."""
+    def fn(dv):
+        b, h, s, e = dv.shape
+        return (dv.reshape(b, 2, h // 2, s, e).sum(2) * 2).transpose(1, 2).reshape(b, s, 2 * e)
+
+    dv = _r(2, 32, 8, 16).transpose(1, 2)  # [b, h, s, e], laid out [b, s, h, e]
+    jfn = check_vs_eager(fn, dv)[0]
+    assert_every_segment_ran_a_kernel_forward(jfn)
+    compile_planned_kernels_to_ptx(fn, (dv,))

@@ -188,9 +188,12 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
         return [prog]
     groups: dict[tuple, list[Store]] = {}
     for st in stores:
-        groups.setdefault(st.domain or tuple(st.target.shape), []).append(st)
+        # a store of a broadcast merged into another dim (``_unmerged_broadcasts``) iterates
+        # over other dims than its siblings of the same shape: a launch of its own
+        merging = any(_merges_a_broadcast(ld) for ld in subexpressions([st.expr]) if isinstance(ld, Load))
+        groups.setdefault((st.domain or tuple(st.target.shape), merging), []).append(st)
     progs = []
-    for shape, group in groups.items():
+    for (shape, _), group in groups.items():
         dims = sorted({e.dim for e in subexpressions(st.expr for st in group) if isinstance(e, Select)})
         if len(dims) > 2:
             raise Unsupported(f"cat/pad along {len(dims)} dims {dims} in one kernel (at most 2)")
@@ -200,33 +203,45 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
     return progs
 
 
-def _broadcast_merge(ld: Load) -> tuple[int, list] | None:
-    """Where ``ld``'s views merge a dim that an earlier broadcast expanded with another dim
-    (``k.expand(b, g, r, s, e).reshape(b, g * r, s, e)``: grouped-query attention's
-    ``repeat_interleave``), followed by transposes only: that reshape's index among the
-    views, and the dims it merges per dim of its result. No stride walks such a merged dim:
-    torch copies there. None elsewhere."""
+def trailing_merge(ld: Load) -> tuple[int, list] | None:
+    """Where ``ld``'s views end with a reshape that merges dims, followed by transposes
+    only: that reshape's index among the views, and the dims it merges per dim of its
+    result. None elsewhere."""
+    for i in range(len(ld.views) - 1, -1, -1):
+        node = ld.views[i]
+        if node.op == "transpose":
+            continue
+        if node.op != "reshape":
+            return None
+        before = tuple(node.args[0].shape)
+        groups = _merge_groups(before, tuple(node.args[1]))
+        if groups is None or not any(len([d for d in g if before[d] != 1]) > 1 for g in groups):
+            return None
+        return i, groups
+    return None
+
+
+def _merges_a_broadcast(ld: Load) -> bool:
+    """Does ``ld``'s trailing merge (``trailing_merge``) take a dim that an earlier broadcast
+    expanded together with another dim (``k.expand(b, g, r, s, e).reshape(b, g * r, s, e)``:
+    grouped-query attention's ``repeat_interleave``)? No stride walks such a merged dim:
+    torch copies there, whatever the strides."""
+    found = trailing_merge(ld)
+    if found is None:
+        return False
+    i, groups = found
     expanded: set = set()
-    for i, node in enumerate(ld.views):
+    for node in ld.views[:i]:
         if node.op == "broadcast_in_dim":
             before, shape, bdims = node.args[0].shape, node.args[1], node.args[2]
             kept = {b for k, b in enumerate(bdims) if before[k] != 1 and k not in expanded}
             expanded = {j for j in range(len(shape)) if j not in kept and shape[j] != 1}
         elif node.op == "transpose":
             expanded = {j for j, p in enumerate(node.args[1]) if p in expanded}
-        elif node.op == "reshape":
-            before, after = tuple(node.args[0].shape), tuple(node.args[1])
-            groups = _merge_groups(before, after)
-            if groups is None:
-                return None
-            if any(len([d for d in g if before[d] != 1]) > 1 and expanded & set(g) for g in groups):
-                rest = ld.views[i + 1:]
-                return (i, groups) if all(n.op == "transpose" for n in rest) else None
-            expanded = {j for j, g in enumerate(groups) if g and all(d in expanded or before[d] == 1 for d in g)
-                        and after[j] != 1}
         else:
             expanded = set()
-    return None
+    before = tuple(ld.views[i].args[0].shape)
+    return any(len([d for d in g if before[d] != 1]) > 1 and expanded & set(g) for g in groups)
 
 
 def _merge_groups(before: tuple, after: tuple) -> list | None:
@@ -245,20 +260,22 @@ def _merge_groups(before: tuple, after: tuple) -> list | None:
     return groups if d == len(before) else None
 
 
-def _unmerged_broadcasts(prog: Program) -> Program:
-    """A pointwise program that stores a broadcast merged into another dim (the expanded
-    ``k`` of grouped-query attention, which SDPA reads as ``[b, h, s, e]``) iterates over the
-    dims before the merge instead: ``[b, g, r, s, e]``, where the broadcast has stride 0.
-    Every other operand is viewed over it by splitting dims, which any strides allow, so
-    the kernel writes the copy torch would make, fused with the ops before it."""
-    if prog.select_dims or prog.reduced or any(ld.shifts for ld in prog.loads) or any(st.domain for st in prog.stores):
-        return prog
+def unmerged(prog: Program, loads: list) -> Program | None:
+    """``prog`` iterating over the dims before the merge that ``loads`` end with
+    (``trailing_merge``): a pointwise program whose operands merge dims no stride walks
+    (the expanded ``k`` of grouped-query attention, which SDPA reads as ``[b, h, s, e]``;
+    a gradient of a ``[b, s, h, e]`` tensor whose heads interleave repeats, merged back into
+    ``[b, s, h * e]``) computes over ``[b, g, r, s, e]`` (``[b, s, g, e]``) instead. Every
+    other operand, and every store, is viewed over that domain by splitting dims, which any
+    strides allow, so the kernel writes the copy torch would make, fused with the ops before
+    it. None where the loads disagree on the domain or the program cannot take it (selects,
+    shifted loads, rows)."""
+    if prog.family != "pointwise" or prog.select_dims or prog.reduced or any(ld.shifts for ld in prog.loads) or any(
+            st.domain for st in prog.stores):
+        return None
     table, domains = {}, set()
-    for ld in prog.loads:
-        found = _broadcast_merge(ld)
-        if found is None:
-            continue
-        i, groups = found
+    for ld in loads:
+        i, groups = trailing_merge(ld)
         merge = ld.views[i]
         perm = list(range(len(groups)))
         for node in ld.views[i + 1:]:
@@ -274,14 +291,21 @@ def _unmerged_broadcasts(prog: Program) -> Program:
         table[id(ld)] = Load(ld.source, views, ld.shifts, ld.row)
         domains.add(domain)
     if len(domains) != 1:
-        return prog
+        return None
     domain = domains.pop()
     if _numel(domain) != _numel(prog.domain):
-        return prog
-    swap = _substitution(table, "a broadcast is unmerged")
+        return None
+    swap = _substitution(table, "a merge is undone")
     out = Program(prog.family, domain, (), [replace(st, expr=swap(st.expr)) for st in prog.stores])
     _collect_loads(out)
     return out
+
+
+def _unmerged_broadcasts(prog: Program) -> Program:
+    """``prog`` over the dims before a merge of a broadcast (``_merges_a_broadcast``,
+    ``unmerged``), which no strides can walk; itself elsewhere."""
+    merging = [ld for ld in prog.loads if _merges_a_broadcast(ld)]
+    return (unmerged(prog, merging) if merging else None) or prog
 
 
 def column_sums(prog: Program) -> list:
@@ -724,6 +748,8 @@ class _Lowering:
             return Reshaped(e, before) if new is None else self.reshape_select(e, new, after)
         if isinstance(e, Select) and node.op in ("transpose", "broadcast_in_dim"):
             return self.view_select(e, node)
+        if isinstance(e, Select) and node.op == "slice_prim":
+            return self.slice_select(e, node)
         raise Unsupported(f"{node.op} of a {type(e).__name__.lower()} result")
 
     def view_select(self, e: Select, node: Node) -> Select:
@@ -770,6 +796,51 @@ class _Lowering:
             raise Unsupported(f"{node.op} of a cat/pad piece holding a {type(x).__name__.lower()}")
 
         return move(e, {})
+
+    def slice_select(self, e: Select, node: Node) -> Select:
+        """A slice of a cat/pad result (a model's labels padded with an ignored index, then
+        shifted by one: ``F.pad(labels, (0, 1), value=-100)[..., 1:]``): along the select dim
+        the bounds move by the slice's start and each piece still inside reads its loads
+        sliced to the part it keeps; along other dims every load is sliced alike."""
+        src, start, end = node.args[0], list(node.args[1]), list(node.args[2])
+        steps = node.args[3] if len(node.args) > 3 and node.args[3] is not None else [1] * len(start)
+        if any(st != 1 for st in steps):
+            raise Unsupported("a strided slice of a cat/pad result")
+        d = e.dim
+        lo_s, hi_s = start[d], end[d]
+
+        def sliced(x, piece_lo: int, piece_hi: int, keep_lo: int, keep_hi: int):
+            """``x`` (a piece over ``[piece_lo, piece_hi)`` of dim d) cut to ``[keep_lo,
+            keep_hi)`` of that dim, and every other dim to the slice."""
+            if _is_number(x):
+                return x
+            if isinstance(x, Op):
+                return Op(x.op, tuple(sliced(a, piece_lo, piece_hi, keep_lo, keep_hi) for a in x.args), x.dtype)
+            if isinstance(x, Load) and not x.row and all(dim == d and at == piece_lo for dim, at in x.shifts):
+                shape = list(src.shape)
+                shape[d] = piece_hi - piece_lo
+                a, b = list(start), list(end)
+                a[d], b[d] = keep_lo - piece_lo, keep_hi - piece_lo
+                before = Value(f"{x.source.name}_piece", tuple(shape), x.source.dtype)
+                out = Value(f"{x.source.name}_slice", tuple(hi - lo for lo, hi in zip(a, b)), x.source.dtype)
+                view = Node("slice_prim", (before, tuple(a), tuple(b), tuple(steps)), {}, (out,))
+                return Load(x.source, x.views + (view,), ((d, keep_lo - lo_s),) if x.shifts else (), x.row)
+            raise Unsupported(f"a slice of a cat/pad piece holding a {type(x).__name__.lower()}")
+
+        pieces, bounds = [], [0]
+        for p, lo, hi in zip(e.pieces, e.bounds, e.bounds[1:]):
+            keep_lo, keep_hi = max(lo, lo_s), min(hi, hi_s)
+            if keep_lo >= keep_hi:
+                continue
+            if len(pieces) and bounds[-1] != keep_lo - lo_s:
+                raise Unsupported("a slice of a cat/pad keeping pieces that do not touch")
+            if not pieces:
+                bounds = [keep_lo - lo_s]
+            pieces.append(sliced(p, lo, hi, keep_lo, keep_hi))
+            bounds.append(keep_hi - lo_s)
+        if not pieces:
+            return e.fill
+        return Select(tuple(pieces), tuple(bounds), e.fill, e.dtype, d)
 
     def keeps_rows(self, node: Node, rows: bool) -> bool:
         """Does broadcast_in_dim ``node`` put each extent of its input onto a kept dim: the

@@ -31,7 +31,7 @@ import torch
 from thunder_fuser.backends.reference import REFERENCE_IMPLS
 from thunder_fuser.kernels.base_maps import choose_map_ref, mode_map, ref_first, static_modes
 from thunder_fuser.kernels.columns_geometry import column_splits
-from thunder_fuser.kernels.expr import Program, column_sums, has_reduce, reads_rows_once, reductions_in_order
+from thunder_fuser.kernels.expr import Program, column_sums, has_reduce, reads_rows_once, reductions_in_order, trailing_merge
 from thunder_fuser.kernels.operands import Geometry, Operand
 from thunder_fuser.kernels.pointwise_geometry import broadcast_reuse, transpose_stage
 from thunder_fuser.kernels.rows_geometry import (
@@ -180,11 +180,18 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
         return len(bases) - 1
 
     load_view = {}
+    merges = []  # loads whose trailing merge of dims needs a copy at these strides
     for ld in prog.loads:
         base = env[id(ld.source)]
         if not isinstance(base, torch.Tensor):
             raise Unsupported(f"{ld.source.name} is not a tensor")
-        v = _view(base, ld.views)
+        try:
+            v = _view(base, ld.views)
+        except Unsupported as e:
+            if prog.family != "pointwise" or trailing_merge(ld) is None:
+                raise
+            merges.append((ld, str(e)))
+            continue
         if ld.shifts:
             shifted = {d for d, _ in ld.shifts}
             others = [d for d in range(len(domain)) if d not in shifted]
@@ -193,6 +200,8 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
         else:
             v = _domain_view(v, domain, row_dims, ld.row, ld.source.name)
         load_view[id(ld)] = (v, base_index(base))
+    if merges:
+        raise NeedsUnmerge(merges[0][1], [ld for ld, _ in merges])
     store_views = []
     for st, t in zip(prog.stores, store_tensors):
         if st.across:  # one value per column: broadcast along the across dims
@@ -482,6 +491,16 @@ class NeedsStages(Unsupported):
     def __init__(self, message: str, inner: tuple, order: tuple):
         super().__init__(message)
         self.inner, self.order = inner, order
+
+
+class NeedsUnmerge(Unsupported):
+    """A pointwise program reads operands (``loads``) through a merge of dims that their
+    strides cannot walk as one (a gradient whose heads interleave repeats, merged with the
+    head dim): it iterates over the dims before the merge instead (``expr.unmerged``)."""
+
+    def __init__(self, message: str, loads: list):
+        super().__init__(message)
+        self.loads = loads
 
 
 class NeedsSplit(Unsupported):

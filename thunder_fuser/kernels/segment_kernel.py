@@ -29,8 +29,16 @@ from thunder_fuser.kernels.expr import (
     render,
     split_at_reductions,
     transpose_first,
+    unmerged,
 )
-from thunder_fuser.kernels.geometry import NeedsColumnsApart, NeedsSplit, NeedsStages, NeedsTranspose, build_geometry
+from thunder_fuser.kernels.geometry import (
+    NeedsColumnsApart,
+    NeedsSplit,
+    NeedsStages,
+    NeedsTranspose,
+    NeedsUnmerge,
+    build_geometry,
+)
 from thunder_fuser.kernels.operands import Geometry
 from thunder_fuser.kernels.unsupported import Unsupported
 from thunder_fuser.layout import strides_for_order
@@ -98,6 +106,12 @@ class SegmentKernel:
             except NeedsColumnsApart as e:
                 self.columns_apart = str(e)
                 rewritten(columns_apart(part.prog), (), ())
+                continue
+            except NeedsUnmerge as e:
+                prog = unmerged(part.prog, e.loads)
+                if prog is None:
+                    raise Unsupported(str(e)) from e
+                rewritten([prog], (), ())
                 continue
             except NeedsSplit:
                 rewritten(split_at_reductions(part.prog), (), ())
