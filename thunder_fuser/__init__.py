@@ -2,17 +2,30 @@
 
 ``thunder.jit(fn, executors=[fuser_ex])`` claims elementwise, cast, reduction, view, resize
 and in-place regions of a trace, segments them into kernels, and runs them (CuTe DSL
-kernels on CUDA where built, the torch reference backend elsewhere).
+kernels on CUDA where built, the torch reference backend elsewhere). ``attention_ex`` runs
+``scaled_dot_product_attention`` beside them (cuDNN's on CUDA); ``executors()`` lists what
+a model needs, in order: ``thunder.jit(model, executors=thunder_fuser.executors())``.
 """
 
 from thunder_fuser._compat import restore_named_tensor_stubs
 
 restore_named_tensor_stubs()  # must run before thunder is imported
 
+from thunder_fuser.attention import attention_ex  # noqa: E402
 from thunder_fuser.executor import fuser_ex  # noqa: E402
 from thunder_fuser.explain import explain  # noqa: E402
 from thunder_fuser.missing_torch_ops import register_missing_torch_ops  # noqa: E402
 
 register_missing_torch_ops()
 
-__all__ = ["fuser_ex", "explain"]
+
+
+def executors() -> list:
+    """The executors a model runs with: our attention first (cuDNN's on CUDA), thunder's
+    ``sdpa_ex`` for the attention calls ours declines (a mask, dropout), then ``fuser_ex``."""
+    from thunder.executors.sdpaex import sdpa_ex
+
+    return [attention_ex, sdpa_ex, fuser_ex]
+
+
+__all__ = ["attention_ex", "executors", "explain", "fuser_ex"]

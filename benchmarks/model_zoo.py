@@ -1,0 +1,105 @@
+"""Real client code to step: litgpt's ``GPT`` with its own configs and Hugging Face
+``transformers`` models built from a config (no weights are downloaded), each with its loss
+in one module, as a training step jits them.
+
+Every model here is somebody else's code: litgpt's Llama-3.2-1B (grouped-query attention,
+RoPE, its 128256 vocabulary), pythia-410m (GPT-NeoX: parallel residual, partial rotary,
+LayerNorm with bias), gemma-2b (an embedding scale, GELU-gated MLP, 256000 vocabulary), and
+transformers' Llama and Qwen2 (transformers 4.52.4, without its KV cache: the newest that
+thunder 0.2.6 traces, ``tests/test_hf_models.py``). ``layers`` cuts the depth so one H100 holds every contender;
+``tiny`` cuts every size, for the CPU tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+LITGPT = ("Llama-3.2-1B", "pythia-410m", "gemma-2b")
+HF = ("hf-Llama", "hf-Qwen2")
+MODELS = LITGPT + HF
+
+# tiny sizes for the CPU (every name's structure, a few thousand parameters)
+TINY_LITGPT = dict(n_embd=64, n_head=4, intermediate_size=128, padded_vocab_size=512, vocab_size=500, block_size=64,
+                   head_size=16)
+TINY_GROUPS = {"Llama-3.2-1B": 2, "pythia-410m": 4, "gemma-2b": 2}
+TINY_HF = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+               max_position_embeddings=128)
+# Hugging Face models at Llama-3.2-1B's and Qwen2-0.5B's sizes
+HF_SIZES = {
+    "hf-Llama": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+                     num_key_value_heads=8, max_position_embeddings=4096, rope_theta=500000.0, tie_word_embeddings=True),
+    "hf-Qwen2": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
+                     num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True),
+}
+
+
+class LitGPTWithLoss(torch.nn.Module):
+    """litgpt's GPT and its loss in one module: the loss is part of the jitted step."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx, targets):
+        logits = self.model(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class HFWithLoss(torch.nn.Module):
+    """A transformers causal LM; its own loss (shifted labels, logits upcast to fp32)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx, targets):
+        return self.model(input_ids=idx, labels=targets).loss
+
+
+@dataclass
+class Built:
+    name: str
+    module: torch.nn.Module  # (idx, targets) -> loss
+    config: dict  # what the results record of it
+    vocab: int
+
+
+def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=torch.float32, seed: int = 0) -> Built:
+    torch.manual_seed(seed)
+    if name in LITGPT:
+        import litgpt
+
+        extra = dict(TINY_LITGPT, n_query_groups=TINY_GROUPS[name]) if tiny else {}
+        cfg = litgpt.Config.from_name(name, n_layer=layers, **extra)
+        module = LitGPTWithLoss(litgpt.GPT(cfg))
+        config = dict(source="litgpt", n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head,
+                      n_query_groups=cfg.n_query_groups, intermediate_size=cfg.intermediate_size,
+                      vocab=cfg.padded_vocab_size, rotary_percentage=cfg.rotary_percentage,
+                      parallel_residual=cfg.parallel_residual)
+        vocab = cfg.vocab_size
+    elif name in HF:
+        import transformers
+
+        sizes = TINY_HF if tiny else HF_SIZES[name]
+        kind = name.split("-", 1)[1]
+        cfg_cls = getattr(transformers, f"{kind}Config")
+        model_cls = getattr(transformers, f"{kind}ForCausalLM")
+        cfg = cfg_cls(num_hidden_layers=layers, use_cache=False, attn_implementation="sdpa", **sizes)
+        module = HFWithLoss(model_cls(cfg))
+        config = dict(source=f"transformers {transformers.__version__}", num_hidden_layers=layers, **sizes)
+        vocab = sizes["vocab_size"]
+    else:
+        raise ValueError(f"unknown model {name!r}; one of {MODELS}")
+    return Built(name, module.to(device=device, dtype=dtype), config, vocab)
+
+
+def batch(built: Built, batch_size: int, seq: int, device="cpu", seed: int = 1):
+    """Token ids and targets, a few targets ignored (a prompt's tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, built.vocab, (batch_size, seq), generator=g)
+    targets = torch.randint(0, built.vocab, (batch_size, seq), generator=g)
+    targets[:, :3] = -100
+    return idx.to(device), targets.to(device)

@@ -1,0 +1,126 @@
+"""Attention beside our regions: ``scaled_dot_product_attention`` on the fastest backend torch
+has for the device, forward and backward, as an operator executor of its own.
+
+Attention is not ours to generate; our regions only lay out what it reads and read what it
+writes. thunder's ``sdpa_ex`` calls FlashAttention-2 or the memory-efficient kernel; on the
+H100 torch's cuDNN attention is faster (a GPT block: 0.073 ms forward and 0.232 backward,
+against flash's 0.119 and 0.315, ``benchmarks/RESULTS.md``), and it is what torch.compile
+uses there. ``attention_ex`` takes SDPA where cuDNN can run it (bf16/fp16, no mask or
+dropout, the same heads for q, k and v) and leaves every other call to the executors listed
+after it (``sdpa_ex``, thunder's decomposition).
+
+On the CPU it runs torch's flash kernel for the CPU, which returns the output and the
+gradients ``[b, s, h, e]``-strided as CUDA's flash does: so the CPU tests meet attention
+outputs that are not contiguous, the layout behind the fallbacks that used to appear only on
+the GPU (NVIDIA/Fuser#3386: never assume an attention output is contiguous; our regions read
+every input's true strides).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import thunder.core.dtypes as dtypes
+import thunder.torch as ltorch
+from thunder.core.proxies import TensorProxy
+from thunder.core.transforms import get_grad, put_grads
+from thunder.extend import OperatorExecutor, register_executor
+
+attention_ex = OperatorExecutor("fuser_attention", version="0.1")
+register_executor(attention_ex)
+
+_CUDA_DTYPES = (dtypes.bfloat16, dtypes.float16)
+_CPU_DTYPES = (dtypes.float32, dtypes.float64, dtypes.bfloat16, dtypes.float16)
+
+
+def _scale(q, scale):
+    return scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+
+
+def _forward_meta(q, k, v, is_causal: bool, scale: float):
+    b, h, sq, _ = q.shape
+    out = TensorProxy(like=q, shape=(b, h, sq, v.shape[-1]))
+    lse = TensorProxy(like=q, shape=(b, h, sq), dtype=dtypes.float32)
+    # cuDNN's dropout seed and offset, which its backward takes back (empty on the CPU)
+    seed = TensorProxy(like=q, shape=(0,), dtype=dtypes.int64)
+    offset = TensorProxy(like=q, shape=(0,), dtype=dtypes.int64)
+    return out, lse, seed, offset
+
+
+def _forward(q, k, v, is_causal: bool, scale: float):
+    if q.device.type == "cuda":
+        out, lse, _, _, _, _, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, is_causal, False, scale=scale)
+        return out, lse, seed, offset
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)
+    return out, lse, None, None
+
+
+def _backward_meta(g, q, k, v, out, lse, seed, offset, is_causal: bool, scale: float):
+    return TensorProxy(like=q), TensorProxy(like=k), TensorProxy(like=v)
+
+
+def _backward(g, q, k, v, out, lse, seed, offset, is_causal: bool, scale: float):
+    if q.device.type == "cuda":
+        # cum_seq_q/k: None (undefined: not a nested batch); max_q/k: the sequence lengths
+        return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            g, q, k, v, out, lse, seed, offset, None, None, None, q.shape[2], k.shape[2], 0.0, is_causal, scale=scale)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        g, q, k, v, out, lse, 0.0, is_causal, scale=scale)
+
+
+attention_forward = attention_ex.register_operator("fuser_attention_forward", meta=_forward_meta, fn=_forward)
+attention_backward = attention_ex.register_operator("fuser_attention_backward", meta=_backward_meta, fn=_backward)
+
+
+def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:
+    qkv = (query, key, value)
+    if attn_mask is not None or dropout_p != 0.0 or not all(isinstance(t, TensorProxy) and t.ndim == 4 for t in qkv):
+        return False
+    if not isinstance(is_causal, bool) or query.shape[1] != key.shape[1] or key.shape[1] != value.shape[1]:
+        return False
+    if is_causal and query.shape[2] != key.shape[2]:
+        return False  # which corner a causal mask starts from differs between backends
+    if len({t.dtype for t in qkv}) != 1 or len({t.device for t in qkv}) != 1:
+        return False
+    if query.device.type == "cpu":
+        return query.dtype in _CPU_DTYPES
+    return query.device.type == "cuda" and query.dtype in _CUDA_DTYPES and _cudnn_runs(query, key, value, is_causal)
+
+
+def _cudnn_runs(q, k, v, is_causal: bool) -> bool:
+    """Can torch's cuDNN attention take these (its own check, on fake tensors)?"""
+    if q.shape[-1] % 8 or q.shape[-1] > 128 or v.shape[-1] != q.shape[-1]:
+        return False
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.backends.cuda import SDPAParams, can_use_cudnn_attention, cudnn_sdp_enabled
+        from thunder.executors.utils import _convert_to_fake_tensor, _convert_to_meta_tensor
+
+        if not cudnn_sdp_enabled():
+            return False
+        with FakeTensorMode() as mode:
+            fq, fk, fv = (_convert_to_fake_tensor(mode, _convert_to_meta_tensor(t)) for t in (q, k, v))
+        extra = [False] if hasattr(SDPAParams, "enable_gqa") else []
+        return bool(can_use_cudnn_attention(SDPAParams(fq, fk, fv, None, 0.0, is_causal, *extra), False))
+    except Exception:  # noqa: BLE001 - a torch without the check: leave attention to the next executor
+        return False
+
+
+def _execution(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+    return attention_forward(query, key, value, is_causal, _scale(query, scale))[0]
+
+
+def _grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+    s = _scale(query, scale)
+    out, lse, seed, offset = attention_forward(query, key, value, is_causal, s)
+    g = get_grad(out)
+    dq, dk, dv = attention_backward(g, query, key, value, out, lse, seed, offset, is_causal, s)
+    put_grads((query, key, value), (dq, dk, dv))
+    return out
+
+
+attention_ex.register_implementation(
+    ltorch.scaled_dot_product_attention, checker=_checker, execution_transform=_execution, grad_transform=_grad,
+)
