@@ -1,0 +1,301 @@
+"""Whole training steps of real models beside every peer (GPU machine): the unit of success.
+
+    python -m benchmarks.models --out DIR [--models A,B] [--contenders X,Y] [--layers 2]
+    python -m benchmarks.models --merge DIR [DIR ...] --results benchmarks/results
+
+Per model (``benchmarks/model_zoo.py``) and contender, in one process: build the model in
+bf16, take one step (forward with the loss, backward) and check the loss and every gradient
+against eager's; then time steps with CUDA events (median of ``--steps``), and read the
+memory held between steps (allocated after a step, with its gradients: parameters and
+gradients are what every contender keeps) and its peak, one step under torch.profiler (GPU
+kernels per step, copies among them, the heaviest kernels), and for thunder + fuser the
+segments on the reference backend and every warning a step raised. ``first_call_s`` is the
+first step's wall time, tracing and compiling included, with a cold kernel cache (fuser:
+a fresh ``THUNDER_FUSER_CACHE``); a second process then takes the first step again on the
+disk cache (``first_call_warm_s``).
+
+Each run writes ``models-<model>.json`` under ``--out``; ``--merge`` joins them into
+``models.json`` (``{"device", "models": [{"name", "config", "contenders": {NAME: {"step_ms",
+"tokens_per_s", "peak_GiB", "held_GiB", "first_call_s", "kernels_per_step", "fallbacks",
+"error"}}}]}``), ``models.md`` and ``models.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+import torch
+
+import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
+import thunder
+
+from benchmarks.model_zoo import MODELS, batch, build
+
+CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
+GiB = 2**30
+
+
+def _wrap(kind: str, module):
+    if kind == "eager":
+        return module
+    if kind == "torch.compile":
+        return torch.compile(module)
+    if kind == "thunder":
+        return thunder.jit(module)
+    if kind == "thunder+torchcompile":
+        from thunder.executors.sdpaex import sdpa_ex
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        return thunder.jit(module, executors=[sdpa_ex, torch_compile_ex])
+    return thunder.jit(module, executors=thunder_fuser.executors())
+
+
+def _step(fn, idx, targets):
+    loss = fn(idx, targets)
+    loss.backward()
+    return loss.detach()
+
+
+def _zero(module):
+    for p in module.parameters():
+        p.grad = None
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / (b.norm() + 1e-12)).item()
+
+
+def _check(module, loss, ref_loss, ref_grads, tol=3e-2) -> str | None:
+    """None when the loss and every gradient are within bf16 tolerance of eager's."""
+    loss = loss.cpu()
+    if not torch.isfinite(loss).all() or abs(loss.item() - ref_loss.item()) > tol * max(1.0, abs(ref_loss.item())):
+        return f"loss {loss.item():.5f} against eager's {ref_loss.item():.5f}"
+    for (name, p), g in zip(module.named_parameters(), ref_grads):
+        if p.grad is None:
+            return f"no gradient for {name}"
+        err = _rel(p.grad.cpu(), g)
+        if not err < tol:
+            return f"gradient of {name} off by {err:.2e}"
+    return None
+
+
+def _fallbacks(fn) -> list[str]:
+    from thunder_fuser.runtime.region_runner import RegionRunner
+
+    out = []
+    for traces in (thunder.last_traces(fn), thunder.last_backward_traces(fn)):
+        if not traces:
+            continue
+        for v in traces[-1].python_ctx().values():
+            if isinstance(v, RegionRunner):
+                for p in v.plans.values():
+                    out += [f"{v.region.name} segment {i}: {r}" for i, r in p.fallbacks.items()]
+    return out
+
+
+def _profile(fn, module, idx, targets) -> dict:
+    """GPU kernels of one step: their number, the copies among them, the heaviest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _zero(module)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _step(fn, idx, targets)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time)
+    top = sorted(((sum(t), len(t), n) for n, t in by_name.items()), reverse=True)
+    copies = [e for e in kernels if "copy" in e.name.lower() or "Memcpy" in e.name]
+    return {
+        "kernels_per_step": len(kernels),
+        "gpu_ms": round(sum(e.device_time for e in kernels) / 1000, 3),  # the kernels' own time, no gaps
+        "copies_per_step": len(copies),
+        "copy_ms": round(sum(e.device_time for e in copies) / 1000, 3),
+        "top_kernels": [{"name": n[:160], "calls": c, "ms": round(t / 1000, 3)} for t, c, n in top[:25]],
+    }
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _device_and_dtype(tiny: bool):
+    """bf16 on the GPU; on a machine without one (CI's smoke test of this harness), the
+    tiny models in fp32 on the CPU."""
+    return ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+
+
+def _time_steps(fn, module, idx, targets, steps: int) -> list[float]:
+    times = []
+    for _ in range(steps):
+        _zero(module)
+        if torch.cuda.is_available():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            _step(fn, idx, targets)
+            e.record()
+            torch.cuda.synchronize()
+            times.append(s.elapsed_time(e))
+        else:
+            t0 = time.perf_counter()
+            _step(fn, idx, targets)
+            times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, steps: int, ref, tiny=False) -> dict:
+    device, dtype = _device_and_dtype(tiny)
+    built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
+    module = built.module
+    module.load_state_dict(ref["state"])
+    idx, targets = ref["batch"]
+    res: dict = {"error": None}
+    caught: list = []
+    try:
+        _sync()
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn = _wrap(kind, module)
+            loss = _step(fn, idx, targets)
+            _sync()
+        res["first_call_s"] = round(time.perf_counter() - t0, 2)
+        bad = _check(module, loss, ref["loss"], ref["grads"])
+        if bad:
+            res["error"] = f"wrong result: {bad}"
+            return res
+        for _ in range(2):  # warm: allocator pools, autotuning
+            _zero(module)
+            _step(fn, idx, targets)
+        times = _time_steps(fn, module, idx, targets, steps)
+        res["step_ms"] = round(statistics.median(times), 3)
+        res["tokens_per_s"] = round(batch_size * seq / res["step_ms"] * 1000)
+        if torch.cuda.is_available():
+            gc.collect()
+            torch.cuda.synchronize()
+            res["held_GiB"] = round(torch.cuda.memory_allocated() / GiB, 3)  # after a step, with its gradients
+            _zero(module)
+            gc.collect()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            _step(fn, idx, targets)
+            torch.cuda.synchronize()
+            res["peak_GiB"] = round(torch.cuda.max_memory_allocated() / GiB, 3)
+            res["peak_over_start_GiB"] = round((torch.cuda.max_memory_allocated() - base) / GiB, 3)
+            res.update(_profile(fn, module, idx, targets))
+        if kind.startswith("thunder+fuser"):
+            res["fallbacks"] = _fallbacks(fn)
+        res["warnings"] = sorted({f"{w.category.__name__}: {str(w.message)[:240]}" for w in caught
+                                  if "fuser" in w.category.__module__ or "Kernel" in w.category.__name__})
+    except Exception as e:  # noqa: BLE001 - a failing contender is reported, never dropped
+        res["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        traceback.print_exc()
+    finally:
+        del module, built
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        torch._dynamo.reset()
+    return res
+
+
+def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, steps: int, tiny=False) -> dict:
+    device, dtype = _device_and_dtype(tiny)
+    built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
+    idx, targets = batch(built, batch_size, seq, device=device)
+    loss = _step(built.module, idx, targets)
+    # kept on the host, so that no contender's memory counts them
+    ref = {"state": {k: v.detach().cpu() for k, v in built.module.state_dict().items()},
+           "batch": (idx, targets), "loss": loss.cpu(),
+           "grads": [p.grad.detach().cpu() for p in built.module.parameters()]}
+    params = sum(p.numel() for p in built.module.parameters())
+    config = dict(built.config, batch=batch_size, seq=seq, params_M=round(params / 1e6, 1))
+    del built
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    out = {"name": name, "config": config, "contenders": {}}
+    for kind in contenders:
+        print(f"[{name}] {kind} ...", flush=True)
+        out["contenders"][kind] = r = run_contender(kind, name, layers, batch_size, seq, steps, ref, tiny)
+        print(f"[{name}] {kind}: " + json.dumps({k: v for k, v in r.items() if k != "top_kernels"}), flush=True)
+    return out
+
+
+def warm_first_call(name: str, layers: int, batch_size: int, seq: int, tiny=False) -> float:
+    """The first step of thunder + fuser in this process, its kernels in the disk cache."""
+    device, dtype = _device_and_dtype(tiny)
+    built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
+    idx, targets = batch(built, batch_size, seq, device=device)
+    _sync()
+    t0 = time.perf_counter()
+    _step(_wrap("thunder+fuser", built.module), idx, targets)
+    _sync()
+    return round(time.perf_counter() - t0, 2)
+
+
+def _device() -> str:
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (tiny models: a smoke test)"
+    return f"{name}; torch {torch.__version__}; lightning-thunder {thunder.__version__}"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--tiny", action="store_true", help="tiny configs (the CPU smoke test)")
+    ap.add_argument("--warm-first-call", metavar="MODEL", help="(internal) print the warm first call of MODEL")
+    ap.add_argument("--merge", nargs="*", metavar="DIR", help="join the runs' JSON files into --results")
+    ap.add_argument("--results", default="benchmarks/results")
+    a = ap.parse_args(argv)
+    if a.merge is not None:
+        from benchmarks.models_report import merge
+
+        merge(a.merge, a.results)
+        return
+    if a.warm_first_call:
+        print("WARM", warm_first_call(a.warm_first_call, a.layers, a.batch, a.seq, a.tiny))
+        return
+    os.makedirs(a.out, exist_ok=True)
+    cache = tempfile.mkdtemp(prefix="fuser_cache_")
+    os.environ["THUNDER_FUSER_CACHE"] = cache  # a cold kernel cache for this process's first calls
+    contenders = [c for c in a.contenders.split(",") if c]
+    for name in [m for m in a.models.split(",") if m]:
+        r = run_model(name, contenders, a.layers, a.batch, a.seq, a.steps, a.tiny)
+        fuser = r["contenders"].get("thunder+fuser")
+        if fuser is not None and fuser.get("error") is None:
+            p = subprocess.run([sys.executable, "-m", "benchmarks.models", "--warm-first-call", name, "--layers",
+                                str(a.layers), "--batch", str(a.batch), "--seq", str(a.seq)] + (["--tiny"] if a.tiny else []),
+                               capture_output=True, text=True, env=dict(os.environ, THUNDER_FUSER_CACHE=cache))
+            line = [x for x in p.stdout.splitlines() if x.startswith("WARM ")]
+            fuser["first_call_warm_s"] = float(line[-1].split()[1]) if line else None
+            if not line:
+                fuser["first_call_warm_error"] = p.stderr[-400:]
+        r["device"] = _device()
+        with open(os.path.join(a.out, f"models-{name}.json"), "w") as f:
+            json.dump(r, f, indent=1)
+    from benchmarks.models_report import table
+
+    print(table([json.load(open(os.path.join(a.out, f"models-{n}.json"))) for n in a.models.split(",") if n]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The model benchmark's results as other tools and readers take them: ``models.json`` (the
+schema in ``benchmarks/models.py``), ``models.md`` and ``models.png`` (step time against
+torch.compile's, per model)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+from benchmarks.models import CONTENDERS
+
+
+def merge(dirs: list[str], results: str) -> None:
+    runs = {}
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, "models-*.json"))):
+            r = json.load(open(path))
+            runs[r["name"]] = r  # a later directory's run of a model replaces an earlier one
+    models = [runs[n] for n in sorted(runs)]
+    device = models[0].get("device", "") if models else ""
+    for m in models:
+        m.pop("device", None)
+    os.makedirs(results, exist_ok=True)
+    with open(os.path.join(results, "models.json"), "w") as f:
+        json.dump({"device": device, "models": models}, f, indent=1)
+    with open(os.path.join(results, "models.md"), "w") as f:
+        f.write(f"# Training steps of real models\n\n{device}\n\n{table(models)}\n")
+    _chart(models, os.path.join(results, "models.png"))
+
+
+def _cell(r: dict, key: str, fmt: str = "{}") -> str:
+    v = r.get(key)
+    return "" if v is None else fmt.format(v)
+
+
+def table(models: list[dict]) -> str:
+    rows = ["| model | contender | step ms | x torch.compile | tokens/s | held GiB | peak GiB | first call s "
+            "(warm cache) | kernels/step | copies | fallbacks | error |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for m in models:
+        tc = m["contenders"].get("torch.compile", {}).get("step_ms")
+        for kind in CONTENDERS:
+            r = m["contenders"].get(kind)
+            if r is None:
+                continue
+            ratio = f"{tc / r['step_ms']:.2f}" if tc and r.get("step_ms") else ""
+            first = _cell(r, "first_call_s") + (f" ({r['first_call_warm_s']})" if r.get("first_call_warm_s") else "")
+            fb = len(r["fallbacks"]) if "fallbacks" in r else ""
+            err = (r.get("error") or "")[:80].replace("|", "/")
+            rows.append(f"| {m['name']} | {kind} | {_cell(r, 'step_ms')} | {ratio} | {_cell(r, 'tokens_per_s')} | "
+                        f"{_cell(r, 'held_GiB')} | {_cell(r, 'peak_GiB')} | {first} | {_cell(r, 'kernels_per_step')} | "
+                        f"{_cell(r, 'copies_per_step')} | {fb} | {err} |")
+    return "\n".join(rows)
+
+
+def _chart(models: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    kinds = [k for k in CONTENDERS if k != "torch.compile"]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    width = 0.8 / len(kinds)
+    for j, kind in enumerate(kinds):
+        xs, ys = [], []
+        for i, m in enumerate(models):
+            tc = m["contenders"].get("torch.compile", {}).get("step_ms")
+            ms = m["contenders"].get(kind, {}).get("step_ms")
+            if tc and ms:
+                xs.append(i + j * width)
+                ys.append(tc / ms)
+        ax.bar(xs, ys, width, label=kind)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(models))], [m["name"] for m in models])
+    ax.set_ylabel("speed vs torch.compile")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
