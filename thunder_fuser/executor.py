@@ -29,6 +29,7 @@ from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
 from thunder_fuser.ir.ops import SUPPORTED
+from thunder_fuser.ir.reshape_first import reshape_first
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
 from thunder_fuser.layout import matmul_reads
 from thunder_fuser.printing import op_line, segment_lines
@@ -124,6 +125,7 @@ class FuserExecutor(FusionExecutor):
         functionalize(ir)
         cat_before_reshape(ir)
         small_reductions_as_pointwise(ir)
+        reshape_first(ir)
         segments = segment_region(ir)
         debug.dump("segments", lambda: "\n".join([name] + segment_lines(segments)))
         runner = RegionRunner(ir, segments)

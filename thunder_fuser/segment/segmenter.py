@@ -158,8 +158,10 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
                 if dom == seg.domain:
                     if seg.kind == "normalization" or any(id(v) in seg.reads for v in node.tensor_inputs()):
                         return None
-                    if node.op in _STRIDED_VIEWS:
-                        return None  # no read of its own: its consumers load through it
+                    if node.op in _STRIDED_VIEWS or not node.tensor_inputs():
+                        # no read of its own (a view: its consumers load through it; an iota
+                        # or a full: computed in the kernel from each element's index)
+                        return None
                     return f"{_what(seg)} and {_node_what(node, dom)} share no input"
         return f"{_what(seg)} and {_node_what(node, dom)} have different iteration domains"
     if k == "reduction":
