@@ -9,11 +9,10 @@ uses there. ``attention_ex`` takes SDPA where cuDNN can run it (bf16/fp16, no ma
 dropout, the same heads for q, k and v) and leaves every other call to the executors listed
 after it (``sdpa_ex``, thunder's decomposition).
 
-On the CPU it runs torch's flash kernel for the CPU, which returns the output and the
-gradients ``[b, s, h, e]``-strided as CUDA's flash does: so the CPU tests meet attention
-outputs that are not contiguous, the layout behind the fallbacks that used to appear only on
-the GPU (NVIDIA/Fuser#3386: never assume an attention output is contiguous; our regions read
-every input's true strides).
+On the CPU it runs torch's flash kernel for the CPU and hands back its output and gradients
+laid out as cuDNN's are on the GPU (each like its query, key or value): so the CPU tests meet
+the attention layouts that used to cause fallbacks only on the GPU (NVIDIA/Fuser#3386: never
+assume an attention output is contiguous; our regions read every input's true strides).
 """
 
 from __future__ import annotations
@@ -54,7 +53,18 @@ def _forward(q, k, v, is_causal: bool, scale: float):
             q, k, v, None, True, 0.0, is_causal, False, scale=scale)
         return out, lse, seed, offset
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)
-    return out, lse, None, None
+    return _laid_out_like(q, out), lse, None, None
+
+
+def _laid_out_like(model: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t`` in ``model``'s dim order, as cuDNN's attention allocates its output and
+    gradients (like its query, key and value): on the CPU, so that the tests meet the
+    layouts the GPU gives."""
+    if t.stride() == model.stride():
+        return t
+    # empty_like keeps a dense tensor's strides; torch's strides of an overlapping or
+    # sliced one are contiguous anyway
+    return torch.empty_like(model, dtype=t.dtype).copy_(t)
 
 
 def _backward_meta(g, q, k, v, out, lse, seed, offset, is_causal: bool, scale: float):
@@ -66,8 +76,9 @@ def _backward(g, q, k, v, out, lse, seed, offset, is_causal: bool, scale: float)
         # cum_seq_q/k: None (undefined: not a nested batch); max_q/k: the sequence lengths
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             g, q, k, v, out, lse, seed, offset, None, None, None, q.shape[2], k.shape[2], 0.0, is_causal, scale=scale)
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         g, q, k, v, out, lse, 0.0, is_causal, scale=scale)
+    return tuple(_laid_out_like(x, gx) for x, gx in zip((q, k, v), grads))
 
 
 attention_forward = attention_ex.register_operator("fuser_attention_forward", meta=_forward_meta, fn=_forward)
