@@ -24,9 +24,28 @@ import warnings
 import torch
 
 from thunder_fuser.backends import reference
+from thunder_fuser.ir.ops import METADATA
+from thunder_fuser.ir.region import Value
 from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.segment_kernel import LaunchGroup, SegmentKernel
 from thunder_fuser.runtime.plan import conform_output
+
+
+def _direct_view(n) -> bool:
+    """A view or slice of one tensor by constant arguments: the reference backend's call
+    on it is the whole of its work (its dtype is its input's: nothing to conform). A
+    decode step's regions are small: run through ``run_nodes``, each view cost a dict, a
+    walk of its arguments and a lookup, about as much as the torch call itself."""
+    return (n.op in METADATA and len(n.outputs) == 1 and not n.kwargs and isinstance(n.args[0], Value)
+            and not any(isinstance(v, Value) for a in n.args[1:] for v in _values_in(a)))
+
+
+def _values_in(a):
+    if isinstance(a, (tuple, list)):
+        for x in a:
+            yield from _values_in(x)
+    else:
+        yield a
 
 
 class _Unfit(Exception):
@@ -224,8 +243,17 @@ class _Writer:
             self.reference(k.post_views)
 
     def reference(self, nodes) -> None:
-        """Nodes torch runs (a view segment, a segment no kernel covers): through a small
-        dict, as ``Plan.run`` does."""
+        """Nodes torch runs (a view segment, a segment no kernel covers): views as one torch
+        call each, on the locals; anything else through a small dict, as ``Plan.run`` does."""
+        if all(_direct_view(n) for n in nodes):
+            for n in nodes:
+                src = self.names.get(id(n.args[0]))
+                if src is None:
+                    raise _Unfit("a value the code does not hold")
+                fn = self.const(reference.REFERENCE_IMPLS[n.op], n.op)
+                rest = "".join(", " + self.const(a, "arg") for a in n.args[1:])
+                self.body.append(f"{self.local(id(n.output))} = {fn}({src}{rest})")
+            return
         made = {id(o) for n in nodes for o in n.outputs}
         reads = {id(v): v for n in nodes for v in n.inputs() if id(v) not in made}
         for vid in reads:
