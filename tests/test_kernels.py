@@ -1139,3 +1139,13 @@ def test_a_merge_no_stride_walks_iterates_over_the_dims_before_it(torch_kernels)
     jfn = check_vs_eager(fn, dv)[0]
     assert_every_segment_ran_a_kernel_forward(jfn)
     compile_planned_kernels_to_ptx(fn, (dv,))
+
+
+def test_a_compile_says_so_on_stderr(monkeypatch, capfd):
+    """issue 30: a long first call shows what it is doing: each compiled kernel updates a
+    status line (``THUNDER_FUSER_PROGRESS=1``: a line each, for logs)."""
+    monkeypatch.setenv("THUNDER_FUSER_PROGRESS", "1")
+    compile_planned_kernels_to_ptx(lambda x: torch.softmax(x * 2, -1), (_r(8, 256),))
+    err = capfd.readouterr().err
+    assert re.search(r"thunder_fuser: compiling kernels: \d+ compiled \([\d.]+ s\), \d+ from the disk cache "
+                     r"\(last: rows\)", err), err

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from thunder_fuser.kernels import progress
+
 _memory: dict[str, object] = {}
 _compiled: dict[int, object] = {}  # id of a function in _memory -> what cute.compile returned (its PTX)
 stats = {"compiled": 0, "loaded": 0, "hits": 0, "compile_s": 0.0, "load_s": 0.0}
@@ -74,6 +76,7 @@ def get_or_compile(key, build):
         compiled = build()
         stats["compiled"] += 1
         stats["compile_s"] += time.perf_counter() - t0
+        progress.report(stats, str(key[1][0]) if isinstance(key, tuple) and len(key) > 1 else "")
         _export(compiled, path, name)
         fn = direct_function(compiled)
         _compiled[id(fn)] = compiled
