@@ -277,6 +277,9 @@ def main(argv=None) -> None:
     os.makedirs(a.out, exist_ok=True)
     cache = tempfile.mkdtemp(prefix="fuser_cache_")
     os.environ["THUNDER_FUSER_CACHE"] = cache  # a cold kernel cache for this process's first calls
+    # and cold caches for torch.compile's too (Inductor's and Triton's), so that first calls compare
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_")
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_")
     contenders = [c for c in a.contenders.split(",") if c]
     for name in [m for m in a.models.split(",") if m]:
         r = run_model(name, contenders, a.layers, a.batch, a.seq, a.steps, a.tiny)

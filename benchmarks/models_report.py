@@ -35,9 +35,9 @@ def _cell(r: dict, key: str, fmt: str = "{}") -> str:
 
 
 def table(models: list[dict]) -> str:
-    rows = ["| model | contender | step ms | x torch.compile | tokens/s | held GiB | peak GiB | first call s "
+    rows = ["| model | contender | step ms | x torch.compile | GPU ms | tokens/s | held GiB | peak GiB | first call s "
             "(warm cache) | kernels/step | copies | fallbacks | error |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for m in models:
         tc = m["contenders"].get("torch.compile", {}).get("step_ms")
         for kind in CONTENDERS:
@@ -48,7 +48,8 @@ def table(models: list[dict]) -> str:
             first = _cell(r, "first_call_s") + (f" ({r['first_call_warm_s']})" if r.get("first_call_warm_s") else "")
             fb = len(r["fallbacks"]) if "fallbacks" in r else ""
             err = (r.get("error") or "")[:80].replace("|", "/")
-            rows.append(f"| {m['name']} | {kind} | {_cell(r, 'step_ms')} | {ratio} | {_cell(r, 'tokens_per_s')} | "
+            rows.append(f"| {m['name']} | {kind} | {_cell(r, 'step_ms')} | {ratio} | {_cell(r, 'gpu_ms')} | "
+                        f"{_cell(r, 'tokens_per_s')} | "
                         f"{_cell(r, 'held_GiB')} | {_cell(r, 'peak_GiB')} | {first} | {_cell(r, 'kernels_per_step')} | "
                         f"{_cell(r, 'copies_per_step')} | {fb} | {err} |")
     return "\n".join(rows)

@@ -5,6 +5,8 @@ import csv
 import json
 import math
 
+import pytest
+
 from benchmarks import report
 
 
@@ -47,3 +49,27 @@ def test_segments_on_the_reference_backend_are_reported(tmp_path):
     assert [r["fallbacks"] for r in csv.DictReader((tmp_path / "results.csv").open())][-1] == "1"
     doc["workloads"][0]["results"]["thunder+fuser"]["fallbacks"] = []
     assert "Segments of thunder+fuser that ran on the reference backend: none." in report.markdown(doc)
+
+
+def test_the_model_benchmark_writes_the_schema_other_tools_read(tmp_path, monkeypatch):
+    """``benchmarks.models`` on the CPU (tiny models: the harness's smoke test) and its merge:
+    ``models.json`` as issue 30 specifies it, ``models.md`` with every contender's row."""
+    pytest.importorskip("litgpt")
+    from benchmarks import models
+
+    for var in ("THUNDER_FUSER_CACHE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)  # the run sets them: undone after the test
+
+    models.main(["--tiny", "--out", str(tmp_path / "run"), "--models", "pythia-410m", "--contenders",
+                 "eager,thunder+fuser", "--seq", "16", "--steps", "1"])
+    models.main(["--merge", str(tmp_path / "run"), "--results", str(tmp_path / "results")])
+    data = json.loads((tmp_path / "results" / "models.json").read_text())
+    assert set(data) == {"device", "models"}
+    (m,) = data["models"]
+    assert m["name"] == "pythia-410m" and m["config"]["parallel_residual"] is True
+    fuser = m["contenders"]["thunder+fuser"]
+    for key in ("step_ms", "tokens_per_s", "first_call_s", "fallbacks", "error"):
+        assert key in fuser, key
+    assert fuser["error"] is None and fuser["fallbacks"] == [] and fuser["first_call_warm_s"] > 0
+    table = (tmp_path / "results" / "models.md").read_text()
+    assert "| pythia-410m | thunder+fuser |" in table and "| pythia-410m | eager |" in table
