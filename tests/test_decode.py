@@ -1,0 +1,131 @@
+"""Decoding with a KV cache (issue 33), without CUDA graphs: litgpt's ``GPT`` with its own KV
+cache, a prefill and several one-token steps through thunder + fuser, the logits and every
+layer's cache against eager's after every step; the cache moved to new tensors midway; a
+counter updated in place each step. On the CPU the kernel segments run their lowered
+programs; the ``cuda`` test runs the generated kernels."""
+
+from __future__ import annotations
+
+import pytest
+import thunder
+import torch
+
+import thunder_fuser
+
+litgpt = pytest.importorskip("litgpt")
+
+TINY = dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=128,
+            padded_vocab_size=512, vocab_size=500, block_size=64)
+
+
+def _models(name: str, device, dtype):
+    cfg = litgpt.Config.from_name(name, **TINY)
+    torch.manual_seed(0)
+    ours, ref = litgpt.GPT(cfg), litgpt.GPT(cfg)
+    ref.load_state_dict(ours.state_dict())
+    for m in (ours, ref):
+        m.to(device=device, dtype=dtype).eval()
+        m.set_kv_cache(batch_size=1, max_seq_length=32, device=device, dtype=dtype)
+    return ours, ref
+
+
+def _caches(model) -> list[torch.Tensor]:
+    return [t for block in model.transformer.h for t in (block.attn.kv_cache.k, block.attn.kv_cache.v)]
+
+
+def _decode_matches_eager(name: str, device: str, dtype, tol: float, move_cache_at: int | None = None) -> None:
+    ours, ref = _models(name, device, dtype)
+    jm = thunder.jit(ours, executors=thunder_fuser.executors())
+    prompt = torch.randint(0, 500, (1, 5), device=device)
+    with torch.no_grad():
+        got, want = jm(prompt, input_pos=torch.arange(5, device=device)), ref(prompt, input_pos=torch.arange(5, device=device))
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        token = want[:, -1:].argmax(-1)
+        for pos in range(5, 12):
+            if pos == move_cache_at:  # the caller hands the model new cache tensors
+                for block in ours.transformer.h:
+                    block.attn.kv_cache.k = block.attn.kv_cache.k.clone()
+                    block.attn.kv_cache.v = block.attn.kv_cache.v.clone()
+            at = torch.tensor([pos], device=device)
+            got, want = jm(token, input_pos=at), ref(token, input_pos=at)
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol, msg=lambda m: f"logits at {pos}: {m}")
+            for i, (c, w) in enumerate(zip(_caches(ours), _caches(ref))):
+                torch.testing.assert_close(c, w, atol=tol, rtol=tol, msg=lambda m: f"cache {i} after {pos}: {m}")
+            token = want.argmax(-1)
+
+
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "pythia-410m"])
+def test_litgpt_decode_keeps_the_kv_cache_right_every_step(name, torch_kernels):
+    _decode_matches_eager(name, "cpu", torch.float32, 1e-5)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="thunder 0.2.6 keeps the module's buffers as they were at jit time, with any executors")
+def test_litgpt_decode_writes_into_a_cache_moved_midway(torch_kernels):
+    """A module's cache buffers replaced between steps: thunder's ThunderModule holds its own
+    references to the buffers it traced, so later steps still write the old tensors; its
+    default executors do the same (a cache passed as an argument moves fine:
+    ``test_a_decode_step_writes_into_whatever_cache_it_is_given``)."""
+    _decode_matches_eager("Llama-3.2-1B", "cpu", torch.float32, 1e-5, move_cache_at=8)
+
+
+def _decode_step(x, k_cache, v_cache, pos, wq, wk, wv):
+    """The seed's KV-cache step as a function of its cache: project one token, write its key
+    and value into the cache in place (``index_copy_``), attend over the cache."""
+    q = (x @ wq).view(1, 1, 4, 16).transpose(1, 2)
+    k = (x @ wk).view(1, 1, 4, 16).transpose(1, 2)
+    v = (x @ wv).view(1, 1, 4, 16).transpose(1, 2)
+    k_cache.index_copy_(2, pos, k)
+    v_cache.index_copy_(2, pos, v)
+    y = torch.nn.functional.scaled_dot_product_attention(q, k_cache, v_cache)  # the unwritten rest is zeros
+    return y.transpose(1, 2).reshape(1, 1, 64)
+
+
+def test_a_decode_step_writes_into_whatever_cache_it_is_given(torch_kernels):
+    """The cache passed as an argument, moved to new tensors midway and once to a cache at
+    another offset of a larger buffer: every step writes the cache it is given, and nothing
+    else."""
+    torch.manual_seed(0)
+    ws = [torch.randn(64, 64) / 8 for _ in range(3)]
+    jstep = thunder.jit(_decode_step, executors=thunder_fuser.executors())
+    ours = [torch.zeros(1, 4, 16, 16), torch.zeros(1, 4, 16, 16)]
+    theirs = [c.clone() for c in ours]
+    for pos in range(10):
+        if pos == 4:  # new tensors
+            ours = [c.clone() for c in ours]
+        if pos == 7:  # a view at an offset of a larger buffer
+            big = torch.zeros(2, 4, 16, 16)
+            big[1] = ours[0][0]
+            ours = [big[1:], ours[1].clone()]
+        old = [c.clone() for c in ours]
+        x = torch.randn(1, 1, 64)
+        at = torch.tensor([pos])
+        got, want = jstep(x, *ours, at, *ws), _decode_step(x, *theirs, at, *ws)
+        torch.testing.assert_close(got, want)
+        for c, w, o in zip(ours, theirs, old):
+            torch.testing.assert_close(c, w)
+            assert torch.equal(c[:, :, pos + 1:], o[:, :, pos + 1:])  # nothing past the step written
+        if pos >= 7:
+            assert torch.equal(big[0], torch.zeros(4, 16, 16))  # the rest of the buffer untouched
+
+
+def test_a_counter_updated_in_place_each_step(torch_kernels):
+    def step(x, counter, cache, pos):
+        counter.add_(1)
+        cache.index_copy_(0, pos, x * counter)
+        return cache.sum(0) / counter
+
+    jstep = thunder.jit(step, executors=[thunder_fuser.fuser_ex])
+    ours = (torch.zeros(()), torch.zeros(6, 4))
+    theirs = (torch.zeros(()), torch.zeros(6, 4))
+    for i in range(6):
+        x = torch.randn(1, 4)
+        got, want = jstep(x, *ours, torch.tensor([i])), step(x, *theirs, torch.tensor([i]))
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "pythia-410m"])
+def test_litgpt_decode_on_kernels(name):
+    _decode_matches_eager(name, "cuda", torch.bfloat16, 3e-2, move_cache_at=8)
