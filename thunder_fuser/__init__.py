@@ -14,6 +14,7 @@ restore_named_tensor_stubs()  # must run before thunder is imported
 from thunder_fuser.attention import attention_ex  # noqa: E402
 from thunder_fuser.executor import fuser_ex  # noqa: E402
 from thunder_fuser.explain import explain  # noqa: E402
+from thunder_fuser.graphs import graphed  # noqa: E402
 from thunder_fuser.missing_torch_ops import register_missing_torch_ops  # noqa: E402
 
 register_missing_torch_ops()
@@ -28,4 +29,4 @@ def executors() -> list:
     return [attention_ex, sdpa_ex, fuser_ex]
 
 
-__all__ = ["attention_ex", "executors", "explain", "fuser_ex"]
+__all__ = ["attention_ex", "executors", "explain", "fuser_ex", "graphed"]

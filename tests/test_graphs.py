@@ -1,0 +1,136 @@
+"""``thunder_fuser.graphed`` (issue 33): a step replayed as CUDA graphs keeps every in-place
+update where the caller holds it. On the CPU a recording stand-in captures and replays (what
+a graph does: a capture runs nothing, a replay reruns the captured work over the same
+tensors), so the bookkeeping is tested here: inputs that keep their address are read and
+written in place, moving inputs go through static buffers and back, a moved cache captures
+anew, what cannot be captured runs as it is. The ``cuda`` tests take real graphs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import thunder
+import torch
+from torch.utils._pytree import tree_flatten
+
+import thunder_fuser
+from test_decode import _decode_step
+from thunder_fuser.graphs import GraphWarning, graphed
+
+
+class RecordingGraphs:
+    """A CUDA graph's contract on the CPU: ``capture`` leaves no effect (it runs the step to
+    record it, then restores what it wrote), ``replay`` reruns it over the captured tensors
+    and fills the captured outputs."""
+
+    def __init__(self, fail: str | None = None):
+        self.fail, self.replays = fail, 0
+
+    def capture(self, run, inputs):
+        if self.fail:
+            raise RuntimeError(self.fail)
+        saved = [t.clone() for t in inputs]
+        out = run()
+        for t, s in zip(inputs, saved):
+            t.copy_(s)
+        flat, _ = tree_flatten(out)
+
+        def replay():
+            self.replays += 1
+            for o, n in zip(flat, tree_flatten(run())[0]):
+                o.copy_(n)
+
+        return replay, out, 0
+
+
+def _weights():
+    torch.manual_seed(0)
+    return [torch.randn(64, 64) / 8 for _ in range(3)]
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager step", "thunder + fuser step"])
+def test_a_graphed_decode_step_writes_the_callers_cache_every_step(jit, torch_kernels):
+    ws = _weights()
+    step = thunder.jit(_decode_step, executors=thunder_fuser.executors()) if jit else _decode_step
+    backend = RecordingGraphs()
+    g = graphed(step, backend=backend)
+    ours = [torch.zeros(1, 4, 16, 16), torch.zeros(1, 4, 16, 16)]
+    theirs = [c.clone() for c in ours]
+    captures = []
+    for pos in range(10):
+        if pos == 6:  # the caller moves its cache: a graph over the old pointers must not replay
+            ours = [c.clone() for c in ours]
+        x, at = torch.randn(1, 1, 64), torch.tensor([pos])
+        got, want = g(x, *ours, at, *ws), _decode_step(x, *theirs, at, *ws)
+        torch.testing.assert_close(got, want)
+        for c, w in zip(ours, theirs):
+            torch.testing.assert_close(c, w)
+        captures.append(g.captures)
+    assert backend.replays == 8 and captures[5] >= 1 and captures[6] > captures[5], captures
+
+
+def test_a_counter_updated_in_place_in_a_graph(torch_kernels):
+    def step(x, counter):
+        counter.add_(1)
+        return x * counter
+
+    g = graphed(thunder.jit(step, executors=[thunder_fuser.fuser_ex]), backend=RecordingGraphs())
+    counter = torch.zeros(())
+    for i in range(6):
+        x = torch.randn(4)
+        torch.testing.assert_close(g(x, counter), x * (i + 1))
+        assert counter.item() == i + 1
+
+
+def test_a_moving_input_written_in_place_is_written_back():
+    """An input at a new address each call goes through a static buffer: what the step writes
+    into it reaches the caller's tensor after the replay."""
+    def step(x, acc):
+        acc.mul_(2)
+        return acc + x
+
+    g = graphed(step, backend=RecordingGraphs())
+    for i in range(5):
+        acc = torch.full((3,), float(i))  # new tensor each call
+        out = g(torch.ones(3), acc)
+        torch.testing.assert_close(acc, torch.full((3,), 2.0 * i))
+        torch.testing.assert_close(out, torch.full((3,), 2.0 * i + 1))
+
+
+def test_what_cannot_be_captured_runs_as_it_is():
+    """CPU inputs (with the real CUDA backend: refused before any capture) and a failed
+    capture (a host sync inside) run without a graph, right, with one warning naming why."""
+    def step(x, y):
+        return x + y
+
+    g = graphed(step)  # CUDA graphs
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            torch.testing.assert_close(g(torch.ones(2), torch.ones(2)), torch.full((2,), 2.0))
+    assert g.captures == 0 and any("not on a CUDA device" in w for w in g.ungraphed.values())
+    assert sum(issubclass(w.category, GraphWarning) for w in caught) == 1
+
+    g = graphed(step, backend=RecordingGraphs(fail="operation not permitted when stream is capturing (item)"))
+    with pytest.warns(GraphWarning, match="capture failed: RuntimeError: operation not permitted"):
+        for _ in range(4):
+            torch.testing.assert_close(g(torch.ones(2), torch.ones(2)), torch.full((2,), 2.0))
+
+
+@pytest.mark.cuda
+def test_a_graphed_decode_step_on_cuda_graphs():
+    ws = [w.cuda() for w in _weights()]
+    step = thunder.jit(_decode_step, executors=thunder_fuser.executors())
+    g = graphed(step)
+    ours = [torch.zeros(1, 4, 16, 16, device="cuda"), torch.zeros(1, 4, 16, 16, device="cuda")]
+    theirs = [c.clone() for c in ours]
+    for pos in range(10):
+        if pos == 6:
+            ours = [c.clone() for c in ours]
+        x, at = torch.randn(1, 1, 64, device="cuda"), torch.tensor([pos], device="cuda")
+        got, want = g(x, *ours, at, *ws), _decode_step(x, *theirs, at, *ws)
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+        for c, w in zip(ours, theirs):
+            torch.testing.assert_close(c, w, atol=1e-3, rtol=1e-3)
+    assert g.captures >= 2 and not g.ungraphed, g.ungraphed

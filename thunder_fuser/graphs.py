@@ -1,0 +1,177 @@
+"""CUDA graphs over a whole step, keeping every in-place update (issue 33).
+
+A decode step at batch 1 is bound by the host: replaying it as one CUDA graph hides the
+host. thunder's ``CUDAGraphTransform`` replays a KV-cache step with a wrong cache (relative
+error 0.10 after four steps on the H100): an input written in place must be written where
+the caller holds it, not in a copy the graph made. ``graphed(step)`` wraps any step (a
+``thunder.jit`` of a model, our regions and the extern ops between them) so that:
+
+* inputs whose storage is the same from call to call (parameters, buffers, a KV cache) are
+  read and written where they live: their addresses are part of the graph's key, so an
+  input at a new address captures another graph and no graph replays over stale pointers;
+* inputs that move from call to call (the token, the position, a mask) are copied into
+  static buffers before each replay, and copied back after it (a step that writes one in
+  place still writes the caller's tensor);
+* a new shape, dtype, stride or non-tensor argument captures another graph;
+* what cannot be captured runs without a graph, with the reason kept in ``ungraphed``:
+  a CPU tensor among the inputs is seen before capture; a step that syncs with the host
+  (``.item()``, a data-dependent shape) fails its capture, and the error (which names the
+  op torch refused) is kept and warned once;
+* captures allocate from one private memory pool; ``captured_bytes`` says how much.
+
+The first ``warmup`` calls run the step as it is (they trace, compile kernels and show which
+inputs keep their address). Outputs are the graph's own tensors, cloned on return so the
+next replay cannot change what the caller holds. ``backend`` is what captures and replays:
+CUDA graphs by default; the tests give a recording stand-in on the CPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+
+class GraphWarning(UserWarning):
+    """A step runs without a graph (the reason is in the message and in ``ungraphed``)."""
+
+
+class CudaGraphs:
+    """Captures with ``torch.cuda.graph`` into one private pool, with TVM-FFI's launch stream
+    (our kernels') set to the capture stream too."""
+
+    def __init__(self):
+        self.pool = None
+
+    @staticmethod
+    def refuses(tensors: dict) -> str | None:
+        """Why these inputs cannot be captured, before any capture; None if they can."""
+        cpu = [i for i, t in tensors.items() if t.device.type != "cuda"]
+        if cpu:
+            return f"inputs {cpu} are not on a CUDA device (a graph replays device work only)"
+        return None
+
+    def capture(self, run, inputs):
+        """(replay, outputs, bytes) of ``run()`` captured (nothing runs until a replay;
+        ``inputs``, what the step reads and may write, are a stand-in's to protect)."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        before = torch.cuda.memory_allocated()
+        ctx = torch.cuda.graph(graph, pool=self.pool)
+        try:
+            import tvm_ffi
+
+            ctx = tvm_ffi.use_torch_stream(ctx)
+        except (ImportError, AttributeError):
+            pass
+        with ctx:
+            out = run()
+        return graph.replay, out, torch.cuda.memory_allocated() - before
+
+
+class _Graph:
+    def __init__(self, replay, outputs, static: dict, nbytes: int):
+        self.replay, self.outputs, self.static, self.nbytes = replay, outputs, static, nbytes
+
+
+class GraphedStep:
+    def __init__(self, step, backend=None, warmup: int = 2):
+        self.step = step
+        self.backend = backend
+        self.warmup = warmup
+        self.calls = 0
+        self.graphs: dict = {}
+        self.addresses: dict[int, int] = {}  # flat index -> data_ptr, while its address holds still
+        self.ungraphed: dict = {}  # key -> why that call runs without a graph
+        self.captures = 0
+
+    @property
+    def captured_bytes(self) -> int:
+        return sum(g.nbytes for g in self.graphs.values())
+
+    def __call__(self, *args, **kwargs):
+        flat, spec = tree_flatten((args, kwargs))
+        tensors = {i: t for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
+        self.calls += 1
+        if self.calls <= self.warmup:
+            self._note_addresses(tensors)
+            return self.step(*args, **kwargs)
+        key = self._key(flat, tensors, spec)
+        if key in self.ungraphed:
+            return self.step(*args, **kwargs)
+        g = self.graphs.get(key)
+        if g is None:
+            if self.backend is None:
+                self.backend = CudaGraphs()
+            refuses = getattr(self.backend, "refuses", None)
+            why = refuses(tensors) if refuses else None
+            if why is None:
+                try:
+                    g = self._capture(flat, tensors, spec)
+                except Exception as e:  # noqa: BLE001 - a step that cannot be captured runs as it is
+                    why = f"capture failed: {type(e).__name__}: {str(e)[:300]}"
+            if why is not None:
+                self.ungraphed[key] = why
+                warnings.warn(f"a step runs without a CUDA graph: {why}", GraphWarning)
+                return self.step(*args, **kwargs)
+            self.graphs[key] = g
+        for i, buf in g.static.items():
+            buf.copy_(tensors[i])
+        g.replay()
+        for i, buf in g.static.items():  # a step that writes a moving input writes the caller's
+            tensors[i].copy_(buf)
+        return tree_unflatten([o.clone() if isinstance(o, torch.Tensor) else o for o in g.outputs[0]], g.outputs[1])
+
+    def _note_addresses(self, tensors: dict) -> None:
+        for i, t in tensors.items():
+            seen = self.addresses.get(i)
+            if seen is None and self.calls == 1:
+                self.addresses[i] = t.data_ptr()
+            elif seen is not None and seen != t.data_ptr():
+                del self.addresses[i]
+
+    def _fixed(self, tensors: dict) -> set:
+        """The inputs read where they live: kept their address through the warm-up, or share
+        storage with another input (a copy would break the aliasing)."""
+        fixed = {i for i in tensors if i in self.addresses}
+        storages: dict = {}
+        for i, t in tensors.items():
+            storages.setdefault(t.untyped_storage().data_ptr(), []).append(i)
+        for group in storages.values():
+            if len(group) > 1:
+                fixed.update(group)
+        return fixed
+
+    def _key(self, flat, tensors, spec) -> tuple:
+        fixed = self._fixed(tensors)
+        parts = []
+        for i, x in enumerate(flat):
+            if i in tensors:
+                t = tensors[i]
+                parts.append((tuple(t.shape), t.stride(), t.dtype, str(t.device), t.storage_offset(),
+                              t.data_ptr() if i in fixed else None))
+            else:
+                parts.append(("value", repr(x)))
+        return (repr(spec), tuple(parts))
+
+    def _capture(self, flat, tensors, spec) -> _Graph:
+        fixed = self._fixed(tensors)
+        static = {i: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+                  for i, t in tensors.items() if i not in fixed}
+        call = list(flat)
+        for i, buf in static.items():
+            call[i] = buf
+        args, kwargs = tree_unflatten(call, spec)
+        backend = self.backend or CudaGraphs()
+        self.backend = backend
+        inputs = [static.get(i, t) for i, t in tensors.items()]
+        replay, out, nbytes = backend.capture(lambda: self.step(*args, **kwargs), inputs)
+        self.captures += 1
+        return _Graph(replay, tree_flatten(out), static, nbytes)
+
+
+def graphed(step, *, warmup: int = 2, backend=None) -> GraphedStep:
+    """``step`` replayed as CUDA graphs, keeping every in-place update (module docstring)."""
+    return GraphedStep(step, backend=backend, warmup=warmup)
