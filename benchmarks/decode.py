@@ -1,0 +1,154 @@
+"""Decode steps with a KV cache beside every peer (issue 33): wall time per one-token step at
+batch 1, and the cache and logits against eager's.
+
+    python -m benchmarks.decode --out DIR [--model Llama-3.2-1B --layers 4 --steps 200]
+
+litgpt's ``GPT`` with its own KV cache (``set_kv_cache``), real config cut to ``--layers``,
+bf16 on a GPU (tiny fp32 on the CPU: the harness's smoke test). Per contender: a fresh model
+with the same weights and cache, a 16-token prefill, then ``--steps`` one-token steps timed
+on the wall clock (the host waits for each step, as generation does); after 4 steps its
+logits and every layer's cache are checked against eager's. Contenders: eager,
+torch.compile (default and mode="reduce-overhead"), thunder + torch.compile executor,
+thunder + fuser, and thunder + fuser replayed as CUDA graphs (``thunder_fuser.graphed``).
+transformers' models are not among them: thunder 0.2.6 cannot trace their caches
+(``tests/test_models.py``). Writes ``decode.json``; prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import traceback
+
+import torch
+
+import thunder_fuser
+import thunder
+
+CONTENDERS = ("eager", "torch.compile", "torch.compile reduce-overhead", "thunder+torchcompile", "thunder+fuser",
+              "thunder+fuser graphed")
+PROMPT = 16
+
+
+def _model(name: str, layers: int, device, dtype, state=None):
+    import litgpt
+
+    tiny = {} if device.type == "cuda" else dict(n_embd=64, n_head=4, n_query_groups=2, head_size=16,
+                                                  intermediate_size=128, padded_vocab_size=512, vocab_size=500)
+    cfg = litgpt.Config.from_name(name, n_layer=layers, block_size=1024, **tiny)
+    torch.manual_seed(0)
+    m = litgpt.GPT(cfg)
+    if state is not None:
+        m.load_state_dict(state, strict=False)
+    m = m.to(device=device, dtype=dtype).eval()
+    m.set_kv_cache(batch_size=1, max_seq_length=512, device=device, dtype=dtype)
+    return m, cfg
+
+
+def _wrap(kind: str, m):
+    if kind == "eager":
+        return m
+    if kind == "torch.compile":
+        return torch.compile(m)
+    if kind == "torch.compile reduce-overhead":
+        return torch.compile(m, mode="reduce-overhead")
+    if kind == "thunder+torchcompile":
+        from thunder.executors.sdpaex import sdpa_ex
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        return thunder.jit(m, executors=[sdpa_ex, torch_compile_ex])
+    jm = thunder.jit(m, executors=thunder_fuser.executors())
+    return thunder_fuser.graphed(jm) if kind.endswith("graphed") else jm
+
+
+def _caches(m) -> list[torch.Tensor]:
+    return [t for block in m.transformer.h for t in (block.attn.kv_cache.k, block.attn.kv_cache.v)]
+
+
+def _run(kind, name, layers, device, dtype, state, prompt, steps, ref=None) -> dict:
+    m, cfg = _model(name, layers, device, dtype, state)
+    fn = _wrap(kind, m)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    r: dict = {"error": None}
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        logits = fn(prompt, input_pos=torch.arange(PROMPT, device=device))
+        token = logits[:, -1:].argmax(-1)
+        sync()
+        r["prefill_s"] = round(time.perf_counter() - t0, 2)
+        check = []
+        for pos in range(PROMPT, PROMPT + 4):
+            logits = fn(token, input_pos=torch.tensor([pos], device=device))
+            check.append(logits.float().cpu())
+            token = logits.argmax(-1)
+        r["caches"] = [c.float().cpu() for c in _caches(m)]
+        r["logits"] = check
+        times = []
+        for i in range(steps):
+            pos = PROMPT + 4 + i % (480 - PROMPT)
+            t0 = time.perf_counter()
+            logits = fn(token, input_pos=torch.tensor([pos], device=device))
+            token = logits.argmax(-1)  # the next step's input: the host waits for this one
+            sync()
+            times.append((time.perf_counter() - t0) * 1000)
+        r["step_ms"] = round(statistics.median(times[min(10, steps // 4):]), 3)
+    if ref is not None:
+        tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+
+        def rel(a, b):
+            return ((a - b).norm() / (b.norm() + 1e-12)).item()
+
+        r["cache_rel_err"] = max(rel(a, b) for a, b in zip(r["caches"], ref["caches"]))
+        r["logits_rel_err"] = max(rel(a, b) for a, b in zip(r["logits"], ref["logits"]))
+        if r["cache_rel_err"] > tol or r["logits_rel_err"] > tol:
+            r["error"] = f"wrong result: cache {r['cache_rel_err']:.3g}, logits {r['logits_rel_err']:.3g}"
+    if hasattr(fn, "ungraphed"):
+        r["ungraphed"] = list(fn.ungraphed.values())
+        r["captures"] = fn.captures
+    return r
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--model", default="Llama-3.2-1B")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    a = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
+    m, cfg = _model(a.model, a.layers, device, dtype)
+    state = {k: v for k, v in m.state_dict().items() if "kv_cache" not in k}
+    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1)).to(device)
+    del m
+    results, ref = {}, None
+    for kind in [c for c in a.contenders.split(",") if c]:
+        try:
+            results[kind] = r = _run(kind, a.model, a.layers, device, dtype, state, prompt, a.steps, ref)
+            if kind == "eager":
+                ref = r
+        except Exception as e:  # noqa: BLE001 - a failing contender is reported, never dropped
+            traceback.print_exc()
+            results[kind] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        torch._dynamo.reset()
+    for r in results.values():
+        r.pop("caches", None)
+        r.pop("logits", None)
+    doc = {"device": torch.cuda.get_device_name() if cuda else "CPU (tiny model: a smoke test)", "model": a.model,
+           "layers": a.layers, "steps": a.steps, "contenders": results}
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "decode.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    eager = results.get("eager", {}).get("step_ms")
+    print("| contender | wall ms per step | x eager | cache rel err | error |\n| --- | ---: | ---: | ---: | --- |")
+    for kind, r in results.items():
+        ratio = f"{r['step_ms'] / eager:.2f}" if eager and r.get("step_ms") else ""
+        print(f"| {kind} | {r.get('step_ms', '')} | {ratio} | {r.get('cache_rel_err', '')} | {(r.get('error') or '')[:80]} |")
+
+
+if __name__ == "__main__":
+    main()
