@@ -13,27 +13,19 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import time
+from pathlib import Path
 
 import thunder_fuser  # must come before thunder: restores torch compat stubs
 
 import litgpt
 import thunder
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-
-class WithLoss(torch.nn.Module):
-    """The model and its loss: the loss is part of the jitted step (fuser_ex owns it)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx, targets):
-        logits = self.model(idx)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's benchmarks/
+from benchmarks.model_zoo import LitGPTWithLoss  # noqa: E402  (the model and its loss in one module)
 
 
 def train(step_fn, model, data, steps: int, desc: str) -> list[float]:
@@ -85,7 +77,7 @@ def main():
                                 padded_vocab_size=512, vocab_size=500, block_size=64)
     cfg = litgpt.Config.from_name("Llama-3.2-1B", n_layer=2, **tiny)
     torch.manual_seed(0)
-    model = WithLoss(litgpt.GPT(cfg)).to(device=device, dtype=dtype)
+    model = LitGPTWithLoss(litgpt.GPT(cfg)).to(device=device, dtype=dtype)
     ref = copy.deepcopy(model)
     seq = 1024 if cuda else 32
     g = torch.Generator().manual_seed(1)
