@@ -33,6 +33,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 
+MAX_GRAPHS = 16  # graphs one step keeps; beyond, a new shape or address runs without one
+
+
 class GraphWarning(UserWarning):
     """A step runs without a graph (the reason is in the message and in ``ungraphed``)."""
 
@@ -84,6 +87,7 @@ class GraphedStep:
         self.calls = 0
         self.graphs: dict = {}
         self.addresses: dict[int, int] = {}  # flat index -> data_ptr, while its address holds still
+        self.moves: dict[int, int] = {}  # flat index -> how often an input read in place moved
         self.ungraphed: dict = {}  # key -> why that call runs without a graph
         self.captures = 0
 
@@ -98,6 +102,7 @@ class GraphedStep:
         if self.calls <= self.warmup:
             self._note_addresses(tensors)
             return self.step(*args, **kwargs)
+        self._note_moves(tensors)
         key = self._key(flat, tensors, spec)
         if key in self.ungraphed:
             return self.step(*args, **kwargs)
@@ -107,6 +112,8 @@ class GraphedStep:
                 self.backend = CudaGraphs()
             refuses = getattr(self.backend, "refuses", None)
             why = refuses(tensors) if refuses else None
+            if why is None and len(self.graphs) >= MAX_GRAPHS:
+                why = f"{MAX_GRAPHS} graphs captured already (shapes or addresses keep changing)"
             if why is None:
                 try:
                     g = self._capture(flat, tensors, spec)
@@ -131,6 +138,20 @@ class GraphedStep:
                 self.addresses[i] = t.data_ptr()
             elif seen is not None and seen != t.data_ptr():
                 del self.addresses[i]
+
+    def _note_moves(self, tensors: dict) -> None:
+        """An input read in place that moves: once (a cache handed over anew) it captures
+        another graph; a second time it is taken to move from call to call (a token that
+        kept its address through the warm-up by chance), and goes through a static buffer
+        from then on, so that graphs stay few."""
+        for i, t in tensors.items():
+            at = self.addresses.get(i)
+            if at is not None and at != t.data_ptr():
+                self.moves[i] = self.moves.get(i, 0) + 1
+                if self.moves[i] > 1:
+                    del self.addresses[i]
+                else:
+                    self.addresses[i] = t.data_ptr()
 
     def _fixed(self, tensors: dict) -> set:
         """The inputs read where they live: kept their address through the warm-up, or share
