@@ -188,8 +188,8 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
         return [prog]
     groups: dict[tuple, list[Store]] = {}
     for st in stores:
-        # a store of a broadcast merged into another dim (``_unmerged_broadcasts``) iterates
-        # over other dims than its siblings of the same shape: a launch of its own
+        # a store of a broadcast merged into another dim iterates over the dims before the
+        # merge (``geometry.NeedsUnmerge``, ``unmerged``), not its siblings': a launch of its own
         merging = any(_merges_a_broadcast(ld) for ld in subexpressions([st.expr]) if isinstance(ld, Load))
         groups.setdefault((st.domain or tuple(st.target.shape), merging), []).append(st)
     progs = []
@@ -199,7 +199,7 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
             raise Unsupported(f"cat/pad along {len(dims)} dims {dims} in one kernel (at most 2)")
         prog = Program(family, shape, (), group, select_dims=tuple(dims))
         _collect_loads(prog)
-        progs.append(_unmerged_broadcasts(prog))
+        progs.append(prog)
     return progs
 
 
@@ -299,13 +299,6 @@ def unmerged(prog: Program, loads: list) -> Program | None:
     out = Program(prog.family, domain, (), [replace(st, expr=swap(st.expr)) for st in prog.stores])
     _collect_loads(out)
     return out
-
-
-def _unmerged_broadcasts(prog: Program) -> Program:
-    """``prog`` over the dims before a merge of a broadcast (``_merges_a_broadcast``,
-    ``unmerged``), which no strides can walk; itself elsewhere."""
-    merging = [ld for ld in prog.loads if _merges_a_broadcast(ld)]
-    return (unmerged(prog, merging) if merging else None) or prog
 
 
 def column_sums(prog: Program) -> list:

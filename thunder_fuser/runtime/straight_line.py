@@ -37,15 +37,7 @@ def _direct_view(n) -> bool:
     decode step's regions are small: run through ``run_nodes``, each view cost a dict, a
     walk of its arguments and a lookup, about as much as the torch call itself."""
     return (n.op in METADATA and len(n.outputs) == 1 and not n.kwargs and isinstance(n.args[0], Value)
-            and not any(isinstance(v, Value) for a in n.args[1:] for v in _values_in(a)))
-
-
-def _values_in(a):
-    if isinstance(a, (tuple, list)):
-        for x in a:
-            yield from _values_in(x)
-    else:
-        yield a
+            and n.inputs() == [n.args[0]])
 
 
 class _Unfit(Exception):
