@@ -154,9 +154,11 @@ class GraphedStep:
                     self.addresses[i] = t.data_ptr()
 
     def _fixed(self, tensors: dict) -> set:
-        """The inputs read where they live: kept their address through the warm-up, or share
-        storage with another input (a copy would break the aliasing)."""
-        fixed = {i for i in tensors if i in self.addresses}
+        """The inputs read where they live: kept their address through the warm-up, share
+        storage with another input (a copy would break the aliasing), or overlap themselves."""
+        # an input whose elements share memory (an expanded mask) cannot be copied into a
+        # buffer of its strides, nor written: read where it lives too
+        fixed = {i for i, t in tensors.items() if i in self.addresses or torch._debug_has_internal_overlap(t) != 0}
         storages: dict = {}
         for i, t in tensors.items():
             storages.setdefault(t.untyped_storage().data_ptr(), []).append(i)
