@@ -6,8 +6,10 @@ batch 1, and the cache and logits against eager's.
 litgpt's ``GPT`` with its own KV cache (``set_kv_cache``), real config cut to ``--layers``,
 bf16 on a GPU (tiny fp32 on the CPU: the harness's smoke test). Per contender: a fresh model
 with the same weights and cache, a 16-token prefill, then ``--steps`` one-token steps timed
-on the wall clock (the host waits for each step, as generation does); after 4 steps its
-logits and every layer's cache are checked against eager's. Contenders: eager,
+on the wall clock (the host waits for each step, as generation does). Before the timed steps,
+4 steps with the same given tokens for every contender (its own argmax would pick another
+token wherever random weights give near-ties, and every later cache entry would differ);
+after them its logits and every layer's cache are checked against eager's. Contenders: eager,
 torch.compile (default and mode="reduce-overhead"), thunder + torch.compile executor,
 thunder + fuser, and thunder + fuser replayed as CUDA graphs (``thunder_fuser.graphed``).
 transformers' models are not among them: thunder 0.2.6 cannot trace their caches
@@ -68,7 +70,7 @@ def _caches(m) -> list[torch.Tensor]:
     return [t for block in m.transformer.h for t in (block.attn.kv_cache.k, block.attn.kv_cache.v)]
 
 
-def _run(kind, name, layers, device, dtype, state, prompt, steps, ref=None) -> dict:
+def _run(kind, name, layers, device, dtype, state, prompt, tokens, steps, ref=None) -> dict:
     m, cfg = _model(name, layers, device, dtype, state)
     fn = _wrap(kind, m)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -76,17 +78,16 @@ def _run(kind, name, layers, device, dtype, state, prompt, steps, ref=None) -> d
     with torch.no_grad():
         t0 = time.perf_counter()
         logits = fn(prompt, input_pos=torch.arange(PROMPT, device=device))
-        token = logits[:, -1:].argmax(-1)
         sync()
         r["prefill_s"] = round(time.perf_counter() - t0, 2)
         check = []
-        for pos in range(PROMPT, PROMPT + 4):
-            logits = fn(token, input_pos=torch.tensor([pos], device=device))
+        for pos, token in zip(range(PROMPT, PROMPT + 4), tokens):
+            logits = fn(token.view(1, 1), input_pos=torch.tensor([pos], device=device))
             check.append(logits.float().cpu())
-            token = logits.argmax(-1)
         r["caches"] = [c.float().cpu() for c in _caches(m)]
         r["logits"] = check
         times = []
+        token = logits.argmax(-1)
         for i in range(steps):
             pos = PROMPT + 4 + i % (480 - PROMPT)
             t0 = time.perf_counter()
@@ -123,12 +124,14 @@ def main(argv=None) -> None:
     device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
     m, cfg = _model(a.model, a.layers, device, dtype)
     state = {k: v for k, v in m.state_dict().items() if "kv_cache" not in k}
-    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1)).to(device)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
+    tokens = torch.randint(0, cfg.vocab_size, (4,), generator=g).to(device)
     del m
     results, ref = {}, None
     for kind in [c for c in a.contenders.split(",") if c]:
         try:
-            results[kind] = r = _run(kind, a.model, a.layers, device, dtype, state, prompt, a.steps, ref)
+            results[kind] = r = _run(kind, a.model, a.layers, device, dtype, state, prompt, tokens, a.steps, ref)
             if kind == "eager":
                 ref = r
         except Exception as e:  # noqa: BLE001 - a failing contender is reported, never dropped
