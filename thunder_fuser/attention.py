@@ -5,9 +5,16 @@ Attention is not ours to generate; our regions only lay out what it reads and re
 writes. thunder's ``sdpa_ex`` calls FlashAttention-2 or the memory-efficient kernel; on the
 H100 torch's cuDNN attention is faster (a GPT block: 0.073 ms forward and 0.232 backward,
 against flash's 0.119 and 0.315, ``benchmarks/RESULTS.md``), and it is what torch.compile
-uses there. ``attention_ex`` takes SDPA where cuDNN can run it (bf16/fp16, no mask or
-dropout, the same heads for q, k and v) and leaves every other call to the executors listed
-after it (``sdpa_ex``, thunder's decomposition).
+uses there. ``attention_ex`` takes SDPA where cuDNN can run it (bf16/fp16, no dropout, the
+same heads for q, k and v) and leaves every other call to the executors listed after it
+(``sdpa_ex``, thunder's decomposition).
+
+A mask (a decode step's: litgpt reads its row of the causal mask for the position) becomes
+an additive bias in the query's dtype, ``where(mask, 0, -inf)`` for a boolean one, as torch
+hands it to cuDNN: the conversion is a region op of ours, and attention reads the bias
+broadcast over batch and heads, never expanded in memory. Without this a masked call went
+to ``sdpa_ex``'s memory-efficient kernel (H100 decode step of Llama-3.2-1B: 28 us per layer
+against cuDNN's 7, plus a pad, a zeros and a masked fill on the host).
 
 On the CPU it runs torch's flash kernel for the CPU and hands back its output and gradients
 laid out as cuDNN's are on the GPU (each like its query, key or value): so the CPU tests meet
@@ -37,7 +44,7 @@ def _scale(q, scale):
     return scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
 
 
-def _forward_meta(q, k, v, is_causal: bool, scale: float):
+def _forward_meta(q, k, v, bias, is_causal: bool, scale: float):
     b, h, sq, _ = q.shape
     out = TensorProxy(like=q, shape=(b, h, sq, v.shape[-1]))
     lse = TensorProxy(like=q, shape=(b, h, sq), dtype=dtypes.float32)
@@ -47,12 +54,13 @@ def _forward_meta(q, k, v, is_causal: bool, scale: float):
     return out, lse, seed, offset
 
 
-def _forward(q, k, v, is_causal: bool, scale: float):
+def _forward(q, k, v, bias, is_causal: bool, scale: float):
     if q.device.type == "cuda":
         out, lse, _, _, _, _, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, None, True, 0.0, is_causal, False, scale=scale)
+            q, k, v, bias, True, 0.0, is_causal, False, scale=scale)
         return out, lse, seed, offset
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, is_causal, attn_mask=bias, scale=scale)
     return _laid_out_like(q, out), lse, None, None
 
 
@@ -67,17 +75,17 @@ def _laid_out_like(model: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(model, dtype=t.dtype).copy_(t)
 
 
-def _backward_meta(g, q, k, v, out, lse, seed, offset, is_causal: bool, scale: float):
+def _backward_meta(g, q, k, v, out, lse, seed, offset, bias, is_causal: bool, scale: float):
     return TensorProxy(like=q), TensorProxy(like=k), TensorProxy(like=v)
 
 
-def _backward(g, q, k, v, out, lse, seed, offset, is_causal: bool, scale: float):
+def _backward(g, q, k, v, out, lse, seed, offset, bias, is_causal: bool, scale: float):
     if q.device.type == "cuda":
         # cum_seq_q/k: None (undefined: not a nested batch); max_q/k: the sequence lengths
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            g, q, k, v, out, lse, seed, offset, None, None, None, q.shape[2], k.shape[2], 0.0, is_causal, scale=scale)
+            g, q, k, v, out, lse, seed, offset, bias, None, None, q.shape[2], k.shape[2], 0.0, is_causal, scale=scale)
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        g, q, k, v, out, lse, 0.0, is_causal, scale=scale)
+        g, q, k, v, out, lse, 0.0, is_causal, attn_mask=bias, scale=scale)
     return tuple(_laid_out_like(x, gx) for x, gx in zip((q, k, v), grads))
 
 
@@ -85,11 +93,41 @@ attention_forward = attention_ex.register_operator("fuser_attention_forward", me
 attention_backward = attention_ex.register_operator("fuser_attention_backward", meta=_backward_meta, fn=_backward)
 
 
+def _bias_shape(q, k) -> tuple:
+    """The scores' shape, ``[batch, heads, queries, keys]``, a mask broadcasts to."""
+    return (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+
+
+def _mask_fits(mask, q, k) -> bool:
+    """A boolean mask or an additive bias in the query's dtype, needing no gradient, that
+    broadcasts to the scores."""
+    if not isinstance(mask, TensorProxy) or mask.ndim > 4 or mask.device != q.device:
+        return False
+    if not (mask.dtype == dtypes.bool8 or (mask.dtype == q.dtype and not mask.requires_grad)):
+        return False
+    full = _bias_shape(q, k)
+    return all(m in (1, f) for m, f in zip(mask.shape[::-1], full[::-1]))
+
+
+def _bias(mask, q, k):
+    """The mask as cuDNN takes it: an additive bias in q's dtype, ``[b, h, sq, sk]`` as a
+    broadcast view (``where(mask, 0, -inf)`` for a boolean mask, torch's own conversion)."""
+    if mask is None:
+        return None
+    if mask.dtype == dtypes.bool8:
+        mask = ltorch.where(mask, 0.0, -math.inf).to(q.dtype)
+    while mask.ndim < 4:
+        mask = ltorch.unsqueeze(mask, 0)
+    return ltorch.expand(mask, _bias_shape(q, k))
+
+
 def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:
     qkv = (query, key, value)
-    if attn_mask is not None or dropout_p != 0.0 or not all(isinstance(t, TensorProxy) and t.ndim == 4 for t in qkv):
+    if dropout_p != 0.0 or not all(isinstance(t, TensorProxy) and t.ndim == 4 for t in qkv):
         return False
     if not isinstance(is_causal, bool) or query.shape[1] != key.shape[1] or key.shape[1] != value.shape[1]:
+        return False
+    if attn_mask is not None and (is_causal or not _mask_fits(attn_mask, query, key)):
         return False
     if is_causal and query.shape[2] != key.shape[2]:
         return False  # which corner a causal mask starts from differs between backends
@@ -97,10 +135,11 @@ def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
         return False
     if query.device.type == "cpu":
         return query.dtype in _CPU_DTYPES
-    return query.device.type == "cuda" and query.dtype in _CUDA_DTYPES and _cudnn_runs(query, key, value, is_causal)
+    return (query.device.type == "cuda" and query.dtype in _CUDA_DTYPES
+            and _cudnn_runs(query, key, value, attn_mask is not None, is_causal))
 
 
-def _cudnn_runs(q, k, v, is_causal: bool) -> bool:
+def _cudnn_runs(q, k, v, masked: bool, is_causal: bool) -> bool:
     """Can torch's cuDNN attention take these (its own check, on fake tensors)?"""
     if q.shape[-1] % 8 or q.shape[-1] > 128 or v.shape[-1] != q.shape[-1]:
         return False
@@ -113,21 +152,24 @@ def _cudnn_runs(q, k, v, is_causal: bool) -> bool:
             return False
         with FakeTensorMode() as mode:
             fq, fk, fv = (_convert_to_fake_tensor(mode, _convert_to_meta_tensor(t)) for t in (q, k, v))
+            fb = torch.empty((1, 1, 1, 1), dtype=fq.dtype, device=fq.device).expand(_bias_shape(q, k)) if masked else None
         extra = [False] if hasattr(SDPAParams, "enable_gqa") else []
-        return bool(can_use_cudnn_attention(SDPAParams(fq, fk, fv, None, 0.0, is_causal, *extra), False))
+        return bool(can_use_cudnn_attention(SDPAParams(fq, fk, fv, fb, 0.0, is_causal, *extra), False))
     except Exception:  # noqa: BLE001 - a torch without the check: leave attention to the next executor
         return False
 
 
 def _execution(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
-    return attention_forward(query, key, value, is_causal, _scale(query, scale))[0]
+    bias = _bias(attn_mask, query, key)
+    return attention_forward(query, key, value, bias, is_causal, _scale(query, scale))[0]
 
 
 def _grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
     s = _scale(query, scale)
-    out, lse, seed, offset = attention_forward(query, key, value, is_causal, s)
+    bias = _bias(attn_mask, query, key)
+    out, lse, seed, offset = attention_forward(query, key, value, bias, is_causal, s)
     g = get_grad(out)
-    dq, dk, dv = attention_backward(g, query, key, value, out, lse, seed, offset, is_causal, s)
+    dq, dk, dv = attention_backward(g, query, key, value, out, lse, seed, offset, bias, is_causal, s)
     put_grads((query, key, value), (dq, dk, dv))
     return out
 
