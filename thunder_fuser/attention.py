@@ -136,10 +136,14 @@ def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
     if query.device.type == "cpu":
         return query.dtype in _CPU_DTYPES
     return (query.device.type == "cuda" and query.dtype in _CUDA_DTYPES
-            and _cudnn_runs(query, key, value, attn_mask is not None, is_causal))
+            and _cudnn_runs(query, key, value, None if attn_mask is None else _sizes_4d(attn_mask), is_causal))
 
 
-def _cudnn_runs(q, k, v, masked: bool, is_causal: bool) -> bool:
+def _sizes_4d(mask) -> tuple:
+    return (1,) * (4 - mask.ndim) + tuple(mask.shape)
+
+
+def _cudnn_runs(q, k, v, mask_sizes, is_causal: bool) -> bool:
     """Can torch's cuDNN attention take these (its own check, on fake tensors)?"""
     if q.shape[-1] % 8 or q.shape[-1] > 128 or v.shape[-1] != q.shape[-1]:
         return False
@@ -152,7 +156,9 @@ def _cudnn_runs(q, k, v, masked: bool, is_causal: bool) -> bool:
             return False
         with FakeTensorMode() as mode:
             fq, fk, fv = (_convert_to_fake_tensor(mode, _convert_to_meta_tensor(t)) for t in (q, k, v))
-            fb = torch.empty((1, 1, 1, 1), dtype=fq.dtype, device=fq.device).expand(_bias_shape(q, k)) if masked else None
+            # the bias as _bias hands it over: the mask's own sizes, broadcast over the rest
+            fb = (torch.empty(mask_sizes, dtype=fq.dtype, device=fq.device).expand(_bias_shape(q, k))
+                  if mask_sizes is not None else None)
         extra = [False] if hasattr(SDPAParams, "enable_gqa") else []
         return bool(can_use_cudnn_attention(SDPAParams(fq, fk, fv, fb, 0.0, is_causal, *extra), False))
     except Exception:  # noqa: BLE001 - a torch without the check: leave attention to the next executor
