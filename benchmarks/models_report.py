@@ -12,11 +12,22 @@ from benchmarks.models import CONTENDERS
 
 
 def merge(dirs: list[str], results: str) -> None:
-    runs = {}
+    """Join the runs under ``dirs`` into ``results``. A later run of a model replaces an
+    earlier one; a contender it did not run is kept from ``results``' models.json, marked
+    ``earlier_run`` (its ratio to torch.compile then compares two runs)."""
+    earlier = {}
+    old = os.path.join(results, "models.json")
+    if os.path.exists(old):
+        earlier = {m["name"]: m for m in json.load(open(old))["models"]}
+    runs = dict(earlier)
     for d in dirs:
         for path in sorted(glob.glob(os.path.join(d, "models-*.json"))):
             r = json.load(open(path))
-            runs[r["name"]] = r  # a later directory's run of a model replaces an earlier one
+            before = runs.get(r["name"], {}).get("contenders", {})
+            for kind, c in before.items():
+                if kind not in r["contenders"]:
+                    r["contenders"][kind] = {**c, "earlier_run": True}
+            runs[r["name"]] = r
     models = [runs[n] for n in sorted(runs)]
     device = models[0].get("device", "") if models else ""
     for m in models:
@@ -48,7 +59,8 @@ def table(models: list[dict]) -> str:
             first = _cell(r, "first_call_s") + (f" ({r['first_call_warm_s']})" if r.get("first_call_warm_s") else "")
             fb = len(r["fallbacks"]) if "fallbacks" in r else ""
             err = (r.get("error") or "")[:80].replace("|", "/")
-            rows.append(f"| {m['name']} | {kind} | {_cell(r, 'step_ms')} | {ratio} | {_cell(r, 'gpu_ms')} | "
+            shown = f"{kind} (earlier run)" if r.get("earlier_run") else kind
+            rows.append(f"| {m['name']} | {shown} | {_cell(r, 'step_ms')} | {ratio} | {_cell(r, 'gpu_ms')} | "
                         f"{_cell(r, 'tokens_per_s')} | "
                         f"{_cell(r, 'held_GiB')} | {_cell(r, 'peak_GiB')} | {first} | {_cell(r, 'kernels_per_step')} | "
                         f"{_cell(r, 'copies_per_step')} | {fb} | {err} |")
