@@ -109,6 +109,7 @@ def _run(kind, name, layers, device, dtype, state, prompt, tokens, steps, ref=No
     if hasattr(fn, "ungraphed"):
         r["ungraphed"] = list(fn.ungraphed.values())
         r["captures"] = fn.captures
+        r["captured_MiB"] = round(fn.captured_bytes / 2**20, 2)  # the graphs' private pool
     return r
 
 

@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 import thunder_fuser
 from test_decode import _decode_step
+from thunder_fuser.functionalize import AliasError
 from thunder_fuser.graphs import GraphWarning, graphed
 
 
@@ -82,6 +83,46 @@ def test_a_counter_updated_in_place_in_a_graph(torch_kernels):
         x = torch.randn(4)
         torch.testing.assert_close(g(x, counter), x * (i + 1))
         assert counter.item() == i + 1
+
+
+def test_inputs_aliasing_one_another_are_read_and_written_where_they_live():
+    """The key and value caches as two views of one buffer (and, midway, of a new buffer each
+    call): a copy of either into a static buffer would split the aliasing, so both are read
+    in place, and every step's writes land in the caller's buffer."""
+    ws = _weights()
+    g = graphed(_decode_step, backend=RecordingGraphs())
+    kv = torch.zeros(2, 1, 4, 16, 16)
+    theirs = kv.clone()
+    for pos in range(10):
+        if pos >= 7:  # a new buffer each call from here: the pair moves together
+            kv = kv.clone()
+        x, at = torch.randn(1, 1, 64), torch.tensor([pos])
+        got, want = g(x, kv[0], kv[1], at, *ws), _decode_step(x, theirs[0], theirs[1], at, *ws)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(kv, theirs)
+    assert not g.ungraphed, g.ungraphed
+
+
+def test_a_thunder_step_given_two_views_of_one_buffer_refuses_before_writing(torch_kernels):
+    """thunder 0.2.6 traces inputs sharing storage as one tensor (with any executors: a wrong
+    cache and wrong logits); through fuser_ex the call raises first, naming both inputs, and
+    writes nothing. The same tensor passed twice is one view, and runs."""
+    ws = _weights()
+    step = graphed(thunder.jit(_decode_step, executors=thunder_fuser.executors()), backend=RecordingGraphs())
+    kv = torch.zeros(2, 1, 4, 16, 16)
+    with pytest.raises(AliasError, match="'k_cache' and 'v_cache' share storage as different views"):
+        step(torch.randn(1, 1, 64), kv[0], kv[1], torch.tensor([0]), *ws)
+    assert not kv.any()
+
+    def double(a, b):
+        a.add_(1)
+        b.add_(2)
+        return a * b
+
+    jd = thunder.jit(double, executors=[thunder_fuser.fuser_ex])
+    x, y = torch.zeros(3), torch.zeros(3)
+    torch.testing.assert_close(jd(x, x), double(y, y))
+    torch.testing.assert_close(x, y)
 
 
 def test_a_moving_input_written_in_place_is_written_back():

@@ -23,6 +23,7 @@ from thunder.extend import FusionExecutor, register_executor
 
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
+from thunder_fuser.input_aliases import with_alias_guard
 from thunder_fuser.rematerialize import rematerialize_if_safe, writes_in_place
 from thunder_fuser.rules.cross_entropy import register as register_losses
 from thunder_fuser.functionalize import functionalize
@@ -137,6 +138,7 @@ class FuserExecutor(FusionExecutor):
         start = time.perf_counter_ns()
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
+        trace = with_alias_guard(trace)
         producers, consumers = utils.producers_and_consumers(trace)
 
         def _should_fuse(a: Node, b: Node) -> bool:
