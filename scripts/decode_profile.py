@@ -2,7 +2,10 @@
 wall time per one-token step, the GPU time of its kernels and their count (torch.profiler),
 and for the ungraphed thunder + fuser step, whose Python the host waits on (cProfile,
 grouped by package, then the heaviest functions). A step whose wall time is well above its
-GPU time is bound by the host.
+GPU time is bound by the host. Each region call runs in a profiler range of its name
+(``THUNDER_FUSER_RANGES=1``), so the GPU time of the ungraphed step is also given per
+launcher: each region (its kernels and any copy torch makes for it) and each torch op
+between regions.
 
     python scripts/decode_profile.py [--model Llama-3.2-1B --layers 4 --contenders ...]
 """
@@ -11,13 +14,17 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import time
 
-import torch
+os.environ.setdefault("THUNDER_FUSER_RANGES", "1")  # before the regions are built
 
-import thunder_fuser  # noqa: F401
-from benchmarks.decode import PROMPT, _model, _wrap
+import torch  # noqa: E402
+
+import thunder_fuser  # noqa: F401,E402
+from benchmarks.decode import PROMPT, _model, _wrap  # noqa: E402
+from benchmarks.launchers import by_launcher  # noqa: E402
 
 
 def _steps(fn, token, n: int, start: int, device) -> None:
@@ -46,7 +53,8 @@ def main() -> None:
             t0 = time.perf_counter()
             _steps(fn, token, 50, PROMPT + 10, device)
             wall = (time.perf_counter() - t0) / 50 * 1000
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
                 _steps(fn, token, 20, PROMPT + 60, device)
             kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
             gpu = sum(e.device_time for e in kernels) / 20 / 1000
@@ -57,6 +65,10 @@ def main() -> None:
             print(f"== {kind}: {wall:.3f} ms/step wall, {gpu:.3f} ms GPU, {len(kernels) / 20:.0f} kernels")
             for n, us in sorted(names.items(), key=lambda kv: -kv[1])[:12]:
                 print(f"   {us:8.1f} us  {n}")
+            if kind.startswith("thunder+fuser") and not kind.endswith("graphed"):
+                print("   by launcher (GPU us per step):")
+                for n, us in sorted(by_launcher(prof, 20).items(), key=lambda kv: -kv[1])[:40]:
+                    print(f"   {us:8.1f} us  {n}")
             if kind == a.cprofile:
                 p = cProfile.Profile()
                 p.enable()

@@ -1,7 +1,9 @@
 """Where a training step's host time goes (GPU machine): a model of ``benchmarks/model_zoo``
 through thunder + fuser, 20 steady steps under cProfile, time grouped by package (ours,
 thunder, torch) and the heaviest functions. A step whose GPU time is below its host time
-is host-bound; this says whose Python it waits on.
+is host-bound; this says whose Python it waits on. On a GPU it then gives the step's GPU
+time by launcher (``benchmarks/launchers.py``): each region, each copy made for one, each
+torch op between them.
 
     python scripts/step_profile.py pythia-410m [--batch 2 --seq 1024 --contender thunder+fuser]
 """
@@ -10,14 +12,18 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import time
 
-import torch
+os.environ.setdefault("THUNDER_FUSER_RANGES", "1")  # before the regions are built
 
-import thunder_fuser  # noqa: F401
-from benchmarks.model_zoo import batch, build
-from benchmarks.models import _step, _wrap, _zero
+import torch  # noqa: E402
+
+import thunder_fuser  # noqa: F401,E402
+from benchmarks.launchers import by_launcher  # noqa: E402
+from benchmarks.model_zoo import batch, build  # noqa: E402
+from benchmarks.models import _step, _wrap, _zero  # noqa: E402
 
 
 def main() -> None:
@@ -63,6 +69,16 @@ def main() -> None:
     for k, v in sorted(groups.items(), key=lambda kv: -kv[1]):
         print(f"  {k:28s} {v / a.steps * 1000:7.2f} ms/step (under cProfile)")
     stats.sort_stats("tottime").print_stats(30)
+    if cuda:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                _zero(built.module)
+                _step(fn, idx, targets)
+            sync()
+        print("GPU us per step by launcher (a region, a copy inside one, or a torch op):")
+        for name, us in sorted(by_launcher(prof, 5).items(), key=lambda kv: -kv[1])[:40]:
+            print(f"  {us:9.1f} us  {name}")
 
 
 def idx_device(cuda: bool) -> str:

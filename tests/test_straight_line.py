@@ -156,3 +156,21 @@ def test_the_schedule_frees_intermediates_as_the_call_goes(torch_kernels):
     jfn, _ = check_vs_eager(f, torch.randn(16, 32))
     sources = [r.fast.source for r in _runners(jfn)]
     assert any("\n    del t" in src for src in sources), sources
+
+
+def test_region_calls_as_profiler_ranges_when_asked(monkeypatch):
+    """``THUNDER_FUSER_RANGES=1``: each region call is a profiler range of its name (what
+    ``scripts/decode_profile.py`` attributes kernels by), and its results are unchanged."""
+    monkeypatch.setenv("THUNDER_FUSER_RANGES", "1")
+
+    def f(x, w):
+        return (torch.relu(x) * 2 @ w).sum(1)
+
+    jfn = thunder.jit(f, executors=[fuser_ex])
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    jfn(x, w)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = jfn(x, w)
+    torch.testing.assert_close(got, f(x, w))
+    ranges = {e.name for e in prof.events()}
+    assert {r.__name__ for r in _runners(jfn)} <= ranges

@@ -34,7 +34,7 @@ from thunder_fuser.ir.reshape_first import reshape_first
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
 from thunder_fuser.layout import matmul_reads
 from thunder_fuser.printing import op_line, segment_lines
-from thunder_fuser.runtime.region_runner import RegionRunner
+from thunder_fuser.runtime.region_runner import RegionRunner, region_runner
 from thunder_fuser.segment import segment_region
 
 _UNSUPPORTED_DTYPES = (dtypes.complex32, dtypes.complex64, dtypes.complex128) + tuple(
@@ -129,7 +129,7 @@ class FuserExecutor(FusionExecutor):
         reshape_first(ir)
         segments = segment_region(ir)
         debug.dump("segments", lambda: "\n".join([name] + segment_lines(segments)))
-        runner = RegionRunner(ir, segments)
+        runner = region_runner(ir, segments)
         subsymbols = _with_copy_to_out(flat, ir)
         sym = Symbol(name, meta=None, is_fusion=True, executor=self, _bind_postprocess=_keep_segment_printing)
         return FusionBoundSymbol(sym, tuple(inputs), {}, tuple(outputs), tuple(subsymbols), _call_ctx={name: runner})

@@ -1,6 +1,16 @@
-"""The callable thunder invokes for one fusion: pick the plan for these inputs, run it."""
+"""The callable thunder invokes for one fusion: pick the plan for these inputs, run it.
+
+``THUNDER_FUSER_RANGES=1`` makes each region call a ``torch.profiler`` range named after
+its region (``RangedRegionRunner``), so a profile attributes every kernel, ours and the
+copies torch makes for a region's outputs, to the region that launched it
+(``benchmarks/launchers.py``); off, the call path is untouched.
+"""
 
 from __future__ import annotations
+
+import os
+
+import torch
 
 from thunder_fuser.ir.region import Region
 from thunder_fuser.runtime.plan import Plan, build_plan, spec_key
@@ -39,3 +49,16 @@ class RegionRunner:
             self.fast_tried = True
             self.fast = straight_line(plan, key)
         return out
+
+
+class RangedRegionRunner(RegionRunner):
+    """A region call inside a profiler range of the region's name."""
+
+    def __call__(self, *args):
+        with torch.profiler.record_function(self.__name__):
+            return super().__call__(*args)
+
+
+def region_runner(region: Region, segments: list[Segment]) -> RegionRunner:
+    ranged = os.environ.get("THUNDER_FUSER_RANGES", "") not in ("", "0")
+    return (RangedRegionRunner if ranged else RegionRunner)(region, segments)
