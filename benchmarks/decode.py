@@ -27,8 +27,7 @@ import traceback
 
 import torch
 
-import thunder_fuser
-import thunder
+from benchmarks.contenders import wrap  # imports thunder_fuser before thunder (torch compat stubs)
 
 CONTENDERS = ("eager", "torch.compile", "torch.compile reduce-overhead", "thunder+torchcompile", "thunder+fuser",
               "thunder+fuser graphed")
@@ -50,29 +49,13 @@ def _model(name: str, layers: int, device, dtype, state=None):
     return m, cfg
 
 
-def _wrap(kind: str, m):
-    if kind == "eager":
-        return m
-    if kind == "torch.compile":
-        return torch.compile(m)
-    if kind == "torch.compile reduce-overhead":
-        return torch.compile(m, mode="reduce-overhead")
-    if kind == "thunder+torchcompile":
-        from thunder.executors.sdpaex import sdpa_ex
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        return thunder.jit(m, executors=[sdpa_ex, torch_compile_ex])
-    jm = thunder.jit(m, executors=thunder_fuser.executors())
-    return thunder_fuser.graphed(jm) if kind.endswith("graphed") else jm
-
-
 def _caches(m) -> list[torch.Tensor]:
     return [t for block in m.transformer.h for t in (block.attn.kv_cache.k, block.attn.kv_cache.v)]
 
 
 def _run(kind, name, layers, device, dtype, state, prompt, tokens, steps, ref=None) -> dict:
     m, cfg = _model(name, layers, device, dtype, state)
-    fn = _wrap(kind, m)
+    fn = wrap(kind, m)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     r: dict = {"error": None}
     with torch.no_grad():

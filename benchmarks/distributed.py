@@ -33,7 +33,7 @@ def _wrap(kind: str, module, device):
     import thunder
     from thunder.distributed import FSDPType, fsdp
 
-    import thunder_fuser
+    from benchmarks.contenders import thunder_executors
 
     if kind == "torch.compile + FSDP2":
         from torch.distributed.fsdp import fully_shard
@@ -42,14 +42,7 @@ def _wrap(kind: str, module, device):
             fully_shard(block)
         fully_shard(module)
         return torch.compile(module)
-    if kind.startswith("thunder+torchcompile"):
-        from thunder.executors.sdpaex import sdpa_ex
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        executors = [sdpa_ex, torch_compile_ex]
-    else:
-        executors = thunder_fuser.executors()
-    jm = thunder.jit(module, executors=executors)
+    jm = thunder.jit(module, executors=thunder_executors(kind))
     if kind == "thunder+fuser 1 GPU":
         return jm
     strategy = FSDPType.ZERO2 if kind.endswith("zero2") else FSDPType.ZERO3

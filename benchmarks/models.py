@@ -39,25 +39,11 @@ import torch
 import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
 import thunder
 
+from benchmarks.contenders import wrap
 from benchmarks.model_zoo import MODELS, batch, build
 
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
 GiB = 2**30
-
-
-def _wrap(kind: str, module):
-    if kind == "eager":
-        return module
-    if kind == "torch.compile":
-        return torch.compile(module)
-    if kind == "thunder":
-        return thunder.jit(module)
-    if kind == "thunder+torchcompile":
-        from thunder.executors.sdpaex import sdpa_ex
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        return thunder.jit(module, executors=[sdpa_ex, torch_compile_ex])
-    return thunder.jit(module, executors=thunder_fuser.executors())
 
 
 def _step(fn, idx, targets):
@@ -169,7 +155,7 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            fn = _wrap(kind, module)
+            fn = wrap(kind, module)
             loss = _step(fn, idx, targets)
             _sync()
         res["first_call_s"] = round(time.perf_counter() - t0, 2)
@@ -242,7 +228,7 @@ def warm_first_call(name: str, layers: int, batch_size: int, seq: int, tiny=Fals
     idx, targets = batch(built, batch_size, seq, device=device)
     _sync()
     t0 = time.perf_counter()
-    _step(_wrap("thunder+fuser", built.module), idx, targets)
+    _step(wrap("thunder+fuser", built.module), idx, targets)
     _sync()
     return round(time.perf_counter() - t0, 2)
 

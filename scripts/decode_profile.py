@@ -23,7 +23,8 @@ os.environ.setdefault("THUNDER_FUSER_RANGES", "1")  # before the regions are bui
 import torch  # noqa: E402
 
 import thunder_fuser  # noqa: F401,E402
-from benchmarks.decode import PROMPT, _model, _wrap  # noqa: E402
+from benchmarks.contenders import wrap  # noqa: E402
+from benchmarks.decode import PROMPT, _model  # noqa: E402
 from benchmarks.launchers import by_launcher  # noqa: E402
 
 
@@ -45,7 +46,7 @@ def main() -> None:
     rows = []
     for kind in a.contenders.split(","):
         m, cfg = _model(a.model, a.layers, device, torch.bfloat16)
-        fn = _wrap(kind, m)
+        fn = wrap(kind, m)
         token = torch.zeros(1, 1, dtype=torch.long, device=device)
         with torch.no_grad():
             fn(torch.zeros(1, PROMPT, dtype=torch.long, device=device), input_pos=torch.arange(PROMPT, device=device))

@@ -23,7 +23,8 @@ import torch  # noqa: E402
 import thunder_fuser  # noqa: F401,E402
 from benchmarks.launchers import by_launcher  # noqa: E402
 from benchmarks.model_zoo import batch, build  # noqa: E402
-from benchmarks.models import _step, _wrap, _zero  # noqa: E402
+from benchmarks.contenders import wrap  # noqa: E402
+from benchmarks.models import _step, _zero  # noqa: E402
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
     built = build(a.model, a.layers, tiny=not cuda, device="cuda" if cuda else "cpu",
                   dtype=torch.bfloat16 if cuda else torch.float32)
     idx, targets = batch(built, a.batch, a.seq, device=idx_device(cuda))
-    fn = _wrap(a.contender, built.module)
+    fn = wrap(a.contender, built.module)
     for _ in range(3):
         _zero(built.module)
         _step(fn, idx, targets)
