@@ -287,13 +287,17 @@ def _iota_value(o, idx, k: int = 0):
     return cute_dtype(o.dtype)(idx + (start + step * (off + k)))
 
 
-def load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, shift=None):
+def load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, shift=None, scalar=False):
     """Vector ``j`` of row ``m`` of operand ``o``: one access (stride 1), one element for all
     (stride 0) or ``V`` accesses; zeros where ``pred`` is false. ``tail``: ``N`` may end
     inside the vector (1-D pointwise only). An iota operand is computed, not loaded.
     ``shift``: ``j`` counts the vectors of a flat row (``geometry.flat_rows``), whose first
     ``shift`` elements are the row before's: read element by element, the row's only (an
-    edge vector, or an operand that does not move whole vectors: ``shifted_operand``)."""
+    edge vector, or an operand that does not move whole vectors: ``shifted_operand``).
+    ``scalar``: an operand that is one value for the whole vector (stride 0) comes as a
+    scalar, so that the math over such values alone runs once per vector, not per lane (a
+    loss's backward divides a row's scale by the rows that count: a ``div.rn.f32`` per
+    element took it from the memory bound)."""
     mode = access_mode(o, V)
     if mode == "bcast":
         one = fragment((1, 1), o.dtype)
@@ -302,6 +306,8 @@ def load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, shift=None):
         else:
             one.fill(0)
             _gather_if(one, t2, m, 0, 1, pred, 1)
+        if scalar:
+            return one[0]
         return one.load().broadcast_to((1, V)) if V > 1 else one.load()
     frag = fragment((1, V), o.dtype)
     if o.iota is not None and mode == "vec" and shift is None:
@@ -425,13 +431,14 @@ def loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads, 
     """One step of a thread's loop: (evaluator, row, vector index, predicate) of
     ``unroll`` vectors, the u-th at ``(m + u * step[0], j + u * step[1])`` (along a row, or down a
     column), with ``loads`` issued for all before any math uses one. A vector whose moving
-    coordinate is at or past ``end`` loads nothing. ``shift``: a flat row's (``shifted_operand``)."""
+    coordinate is at or past ``end`` loads nothing; ``end`` None: every vector is inside
+    (no predicate at all). ``shift``: a flat row's (``shifted_operand``)."""
     batch = []
     for u in range(unroll(geo)):
         # a coordinate that does not move stays as it is: a row's may be a tuple (outer modes that do not merge)
         mm = m + u * step[0] if step[0] else m
         jj = j + u * step[1] if step[1] else j
-        pred = ok & ((mm if step[0] else jj) < end)
+        pred = True if end is None else ok & ((mm if step[0] else jj) < end)
         ev = vector_evaluator(geo, t2s, tvs, mm, jj, N, pred, row_value, hint, shift)
         for ld in loads:
             ev.ev(ld)

@@ -75,11 +75,36 @@ def cute_where(c, a, b, dt=None):
     return typ(cutlass.select_(c, a, b))  # a bare MLIR value: give it back its numeric type
 
 
-def nan_maximum(a, b):  # NaN-propagating, like torch
+def _is_f32(x) -> bool:
+    """An fp32 run-time value (vector or scalar), or a Python float beside one."""
+    if isinstance(x, cute.TensorSSA):
+        return x.dtype is cutlass.Float32
+    return type(x) is cutlass.Float32 or isinstance(x, float)
+
+
+def _f32_lanes(fn, a, b):
+    """``fn(a, b)`` on fp32 scalars, lane by lane where either is a vector."""
+    vec = next((x for x in (a, b) if isinstance(x, cute.TensorSSA)), None)
+    if vec is None:
+        return fn(cutlass.Float32(a), cutlass.Float32(b))
+    lanes = [x.to_elements() if isinstance(x, cute.TensorSSA) else None for x in (a, b)]
+    out = cute.make_rmem_tensor(vec.shape, cutlass.Float32)
+    for k in range(cute.size(vec.shape)):
+        out[k] = fn(*(cutlass.Float32(x) if ls is None else ls[k] for x, ls in zip((a, b), lanes)))
+    return out.load()
+
+
+def nan_maximum(a, b):
+    """NaN-propagating, like torch: one ``max.NaN.f32`` per fp32 lane (a compare-and-select
+    pair costs four instructions, and a long row's online softmax takes one per element)."""
+    if _is_f32(a) and _is_f32(b) and not (isinstance(a, float) and isinstance(b, float)):
+        return _f32_lanes(lambda x, y: cute.arch.fmax(x, y, nan=True), a, b)
     return cute_where(a != a, a, cute_where(a > b, a, b))
 
 
 def nan_minimum(a, b):
+    if _is_f32(a) and _is_f32(b) and not (isinstance(a, float) and isinstance(b, float)):
+        return _f32_lanes(lambda x, y: cute.arch.fmin(x, y, nan=True), a, b)
     return cute_where(a != a, a, cute_where(a < b, a, b))
 
 

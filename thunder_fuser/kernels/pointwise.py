@@ -88,7 +88,7 @@ def pointwise_pieces(prog: Program, geo: Geometry):
                     n = o.shape[-1]
                     pred = pred & (n0 >= shift) & (n0 < shift + n)
                     vec, tail = j - shift // V, False
-            val = load_vector(o, t2s[slot], tvs[slot], row, vec, V, n, pred, tail)
+            val = load_vector(o, t2s[slot], tvs[slot], row, vec, V, n, pred, tail, scalar=True)
             cache[key] = val
             return val
 

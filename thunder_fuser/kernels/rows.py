@@ -257,9 +257,9 @@ def build_rows(prog: Program, geo: Geometry):
             shift, count, tvs = _flat_row_views(geo, t2s, tvs, m, N)
             first, end = 1, count - 1
 
-        def batch(j, roots, hint=None):
-            return loaded_batch(geo, t2s, tvs, m, j, (0, Tr), row_ok, end, N, streamed_loads(roots),
-                                 lambda e: values[id(e)], hint, shift)
+        def batch(j, roots, hint=None, inside=False):
+            return loaded_batch(geo, t2s, tvs, m, j, (0, Tr), row_ok, None if inside else end, N,
+                                 streamed_loads(roots), lambda e: values[id(e)], hint, shift)
 
         def walk(roots, absorb, hint=None):
             """``absorb(vectors, edge_shift)`` for every step of this thread's walk of the
@@ -267,10 +267,18 @@ def build_rows(prog: Program, geo: Geometry):
             the last a predicate, or one per element for an edge vector (``edge_shift``: the
             row's shift there, None in the middle)."""
 
-            def step(j):
-                absorb([(ev, jj, pred) for ev, _, jj, pred in batch(j, roots, hint)], None)
+            def step(j, inside=False):
+                absorb([(ev, jj, pred) for ev, _, jj, pred in batch(j, roots, hint, inside)], None)
 
-            for_range(rt + first, end, Tr * unroll(geo), step)
+            # the steps whose vectors all lie inside the row take no predicate and mask
+            # nothing (a select per element costs a long row's online softmax a fifth of its
+            # instructions); the one step after them, partly past the row's end, is masked
+            stride, reach = Tr * unroll(geo), Tr * (unroll(geo) - 1)
+            start = rt + first
+            inside_end = cutlass.Int32(cutlass.select_(row_ok, end - reach, start))
+            for_range(start, inside_end, stride, lambda j: step(j, True))
+            rest = start + cutlass.max(0, (inside_end - start + stride - 1) // stride) * stride
+            for_range(rest, end, stride, step)
             if shift is not None:
                 def edge(i):  # i = 0: the row's first vector, 1: its last
                     jj = i * (count - 1)
@@ -313,7 +321,7 @@ def build_rows(prog: Program, geo: Geometry):
             shift = _finite_or_zero(new)
             total = acc.load() * _rescale(top[0], shift)
             for x in xs:
-                total = total + cute.math.exp(x - shift)
+                total = total + _exp_of_at_most_zero(x, shift)
             acc.store(total)
             top[0] = new
 
@@ -497,6 +505,19 @@ def _finite_or_zero(m):
     infinite (no finite value yet, or a +inf met), so that exp(x - it) is never inf - inf."""
     return cutlass.select_(m == -math.inf, cutlass.Float32(0.0),
                            cutlass.select_(m == math.inf, cutlass.Float32(0.0), m))
+
+
+def _exp_of_at_most_zero(x, shift):
+    """``exp(x - shift)`` for ``x <= shift`` (an online softmax's terms, ``shift`` the running
+    max): ``ex2.approx`` of one fused multiply-add. Its error beside ``cute.math.exp``'s
+    (which reduces the argument in extra precision, nine instructions per element) is at
+    most 2**-24 * |x - shift| * ln 2 relative, so at most about 2**-22 of the sum, whose
+    terms near the max dominate; a long row's online softmax is bound by its instructions,
+    not its loads, with the exact exp."""
+    return cute.math.exp2(x * _LOG2_E - shift * _LOG2_E, fastmath=True)
+
+
+_LOG2_E = math.log2(math.e)
 
 
 def _rescale(old, shift):
