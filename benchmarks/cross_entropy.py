@@ -10,8 +10,10 @@ checked against eager's in float64 first. Times: the median of 20 back-to-back s
 between CUDA events; bandwidth against the fewest bytes a fused loss must move (read the
 logits twice, write the gradient once: ``3 * tokens * vocab * 2`` bytes) and against a
 device-to-device copy measured in the same run. Memory: the peak during a step beyond the
-logits and their gradient. Writes ``cross_entropy.json`` and ``cross_entropy.md`` under
-``--out``; the table is printed last.
+logits and their gradient. One more row (``FLOOR``) times a thunder step that only sums the
+logits: less GPU work than any loss (one read, and a gradient written), and the host work
+every thunder contender pays per step, so no thunder loss step can be faster. Writes
+``cross_entropy.json`` and ``cross_entropy.md`` under ``--out``; the table is printed last.
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ def _plain_loss(x, t):
     return F.cross_entropy(x, t)
 
 
+def _upcast_sum(x, t):
+    return x.float().sum()
+
+
+# not a loss: the step of a thunder-jitted function that only sums its input, a lower bound
+# of any thunder loss step: thunder's host work per step (its cache lookup, prologue and
+# autograd glue) and one read of the logits and one write of a gradient. Timed, never checked
+FLOOR = "thunder floor: x.float().sum(), fuser_ex"
+
+
 def contenders() -> dict:
     """name -> the loss function it runs (None where its package is missing)."""
     out = {
@@ -52,6 +64,7 @@ def contenders() -> dict:
         "thunder+torchcompile": thunder.jit(_upcast_loss, executors=[torch_compile_ex]),
         "thunder+fuser": thunder.jit(_upcast_loss, executors=[fuser_ex]),
         "thunder+fuser, bf16 logits": thunder.jit(_plain_loss, executors=[fuser_ex]),
+        FLOOR: thunder.jit(_upcast_sum, executors=[fuser_ex]),
     }
     try:
         from quack.cross_entropy import cross_entropy as quack_ce
@@ -139,7 +152,7 @@ def main(argv=None) -> int:
                 row["error"] = fn
             else:
                 try:
-                    row["error"] = _check(fn, x, t)
+                    row["error"] = None if name == FLOOR else _check(fn, x, t)
                     if row["error"] is None:
                         ms, extra = _time(fn, x, t)
                         row.update(ms=ms, extra_GiB=extra, tbps=floor_bytes / (ms * 1e-3) / 1e12)
@@ -211,6 +224,9 @@ def markdown(doc) -> str:
         for r in rows:
             if r.get("ms") is None:
                 lines.append(f"| {list(shape)} | {r['contender']} | failed: {_one_line(r.get('error'))} | | | | | |")
+                continue
+            if r["contender"] == FLOOR:
+                lines.append(f"| {list(shape)} | {r['contender']} | {r['ms']:.3f} | | | | | |")
                 continue
             tc, qk = ref.get("torch.compile"), ref.get("quack")
             lines.append(

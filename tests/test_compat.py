@@ -37,3 +37,20 @@ def test_adds_every_missing_method(monkeypatch):
         assert "named tensors" in str(e)
     else:
         raise AssertionError("stub should raise")
+
+
+def test_thunders_autograd_dummies_are_made_without_torchs_python_randn():
+    """thunder's autograd glue makes its meta dummies with ``torch.empty`` (``meta_dummy.py``):
+    the same meta tensor, without torch's Python reference randn; any other randn is torch's."""
+    import thunder.executors.torch_autograd as glue
+
+    import thunder_fuser.meta_dummy as meta_dummy
+
+    assert isinstance(glue.torch, meta_dummy._TorchWithCheapMetaRandn) and glue.torch.autograd is torch.autograd
+    d = glue.torch.randn(1, device="meta", requires_grad=True)
+    assert d.device.type == "meta" and d.shape == (1,) and d.requires_grad and d.dtype == torch.float32
+    torch.manual_seed(0)
+    a = glue.torch.randn(3, 4)
+    torch.manual_seed(0)
+    assert torch.equal(a, torch.randn(3, 4))
+    assert meta_dummy.cheapen_thunders_meta_dummies()  # a second call keeps the proxy

@@ -106,6 +106,14 @@ def move_if_full(frag: cute.Tensor, tile: cute.Tensor, t2: cute.Tensor, m, n0, l
 
 
 @cute.jit
+def when(pred: cutlass.Boolean, fn: cutlass.Constexpr):
+    """``fn()`` (plain Python emitting IR, its effects stores) where ``pred``, a run-time
+    branch."""
+    if pred:
+        fn()
+
+
+@cute.jit
 def put_if(frag: cute.Tensor, value, pred: cutlass.Boolean):
     if pred:
         frag.store(value)
@@ -277,10 +285,10 @@ def iota_at(o, t2, m, n, k: int = 0):
     ``N``, computed from its index in the view: the value ``start + step * index`` of the
     vector it views. A causal mask compares two of these per element, which a kernel
     otherwise loads as 8-byte integers, with the registers to hold them."""
-    return _iota_value(o, cutlass.Int64(cute.crd2idx((m, n), t2.layout)), k)
+    return iota_value(o, cutlass.Int64(cute.crd2idx((m, n), t2.layout)), k)
 
 
-def _iota_value(o, idx, k: int = 0):
+def iota_value(o, idx, k: int = 0):
     start, step, off = o.iota
     if step != 1:  # 64-bit multiplies are several instructions: the usual arange has none
         idx = idx * step
@@ -313,7 +321,7 @@ def load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, shift=None, 
     if o.iota is not None and mode == "vec" and shift is None:
         first = cutlass.Int64(cute.crd2idx((m, j * V), t2.layout))  # one index per vector
         for k in range(V):
-            frag[k] = _iota_value(o, first, k)
+            frag[k] = iota_value(o, first, k)
         return frag.load()
     if o.iota is not None:  # a flat row's vector starts ``shift`` elements before the row's column j * V
         n0 = j * V if shift is None else j * V - shift

@@ -20,6 +20,7 @@ from thunder_fuser.kernels.cute_memory import (
     coord_entry,
     flat_view,
     fragment,
+    iota_value,
     iota_at,
     load_vector,
     mode_extent,
@@ -29,6 +30,7 @@ from thunder_fuser.kernels.cute_memory import (
     put_if,
     row_coord,
     store_vector,
+    when,
     with_coord_entry,
 )
 from thunder_fuser.kernels.cute_values import Evaluator, as_vector, cute_where
@@ -163,30 +165,56 @@ def _flat_pointwise_pieces(prog: Program, geo: Geometry):
         ok = lin < count
         # the limit a whole vector's moves see: past the vector, but N for the run's last
         limit = cute_where(lin == count - 1, N, n0 + V)
-        loaded = {}
 
-        def load(ld: Load):
-            slot = geo.load_slot[id(ld)]
-            if slot not in loaded:
-                frag = fragment((1, V), ops[slot].dtype)
+        def vector(in_row: bool):
+            """The stores of this vector: ``in_row``, for a vector inside row ``m`` (all but
+            one in ``N // V``), reads an operand that is one value per row once, as a
+            scalar (``load_vector``'s), and computes an iota from the vector's first
+            column; otherwise each element at its own row and column (the vector may
+            reach into row ``m + 1``)."""
+            loaded = {}
+
+            def load(ld: Load):
+                slot = geo.load_slot[id(ld)]
+                if slot in loaded:
+                    return loaded[slot]
+                o = ops[slot]
+                frag = fragment((1, V), o.dtype)
                 frag.fill(0)
                 if whole[slot]:
                     move_if_full(frag, tvs[slot][(None, (0, lin))], t2s[slot], m, n0, limit, ok, V, False)
-                elif ops[slot].iota is not None:  # computed at each element's row and column
+                elif in_row and o.stride[-1] == 0:  # one value for the vector
+                    loaded[slot] = (iota_at(o, t2s[slot], m, 0) if o.iota is not None
+                                    else frag.element_type(t2s[slot][(m, 0)]))
+                    return loaded[slot]
+                elif in_row and o.iota is not None and o.stride[-1] == 1:  # from the first column
+                    at = cutlass.Int64(cute.crd2idx((m, n0), t2s[slot].layout))
+                    for k in range(V):
+                        frag[k] = iota_value(o, at, k)
+                elif in_row:
+                    for k in range(V):
+                        frag[k] = (iota_at(o, t2s[slot], m, n0 + k) if o.iota is not None
+                                   else frag.element_type(t2s[slot][(m, n0 + k)]))
+                elif o.iota is not None:  # computed at each element's row and column
                     for k in range(V):
                         wraps = n0 + k >= N
-                        frag[k] = iota_at(ops[slot], t2s[slot], cute_where(wraps, m + 1, m),
+                        frag[k] = iota_at(o, t2s[slot], cute_where(wraps, m + 1, m),
                                           cute_where(wraps, n0 + k - N, n0 + k))
                 else:
                     _gather_across_rows(frag, t2s[slot], m, n0, M, N, V)
                 loaded[slot] = frag.load()
-            return loaded[slot]
+                return loaded[slot]
 
-        ev = Evaluator(load, None, no_select)
-        for st, slot in zip(prog.stores, geo.store_slot):
-            frag = fragment((1, V), ops[slot].dtype)
-            frag.store(as_vector(ev.ev(st.expr), V, ops[slot].dtype))
-            move_if_full(frag, tvs[slot][(None, (0, lin))], t2s[slot], m, n0, limit, ok, V, True)
+            ev = Evaluator(load, None, no_select)
+            for st, slot in zip(prog.stores, geo.store_slot):
+                frag = fragment((1, V), ops[slot].dtype)
+                frag.store(as_vector(ev.ev(st.expr), V, ops[slot].dtype))
+                move_if_full(frag, tvs[slot][(None, (0, lin))], t2s[slot], m, n0, limit, ok, V, True)
+
+        # two predicated blocks, not if/else (see ``move_if_full``)
+        in_row = ok & (n0 + V <= N)
+        when(in_row, lambda: vector(True))
+        when(ok & (n0 + V > N), lambda: vector(False))
 
     return setup, thread, None
 
