@@ -73,6 +73,11 @@ class _Writer:
         self.fresh: dict[int, tuple] = {}  # value id -> strides, for what the code allocates
         self.args: dict[int, int] = {}  # value id of a tensor argument -> its index
         self.checks: list[tuple] = []  # (argument value id, alignment, pointer residue) checked first
+        # value id -> a meta tensor laid out as the value is, for the arguments (their strides
+        # are the key's) and the views taken of them: a view's pointer is its argument's plus
+        # the meta tensor's storage offset, so its alignment is checked on the argument
+        self.meta: dict[int, torch.Tensor] = {}
+        self.root: dict[int, int] = {}  # value id of such a view -> its argument's
 
     def const(self, obj, hint: str = "c") -> str:
         name = f"{hint}{len(self.glob)}"
@@ -106,6 +111,10 @@ class _Writer:
             self.names[id(v)] = name
             if v.is_tensor:
                 self.args[id(v)] = i
+                strides = self.key[i] if i < len(self.key) else None
+                if strides is not None and isinstance(v.dtype, torch.dtype):
+                    self.meta[id(v)] = torch.empty_strided(v.shape, strides, dtype=v.dtype, device="meta")
+                    self.root[id(v)] = id(v)
         guards = [
             f"{self.names[id(v)]}.stride() != {self.const(key_part, 's')}"
             for v, key_part in zip(region.inputs, self.key) if key_part is not None
@@ -216,6 +225,9 @@ class _Writer:
         elif vid in k.constants:
             if (k.constants[vid].data_ptr() + byte_offset) % align:
                 raise _Unfit("a misaligned constant")
+        elif vid in self.meta:  # a view of an argument: the argument's pointer, further on
+            m = self.meta[vid]
+            self.checks.append((self.root[vid], align, -(byte_offset + m.storage_offset() * m.element_size()) % align))
         else:
             raise _Unfit("a pointer only known after a launch")
 
@@ -245,6 +257,7 @@ class _Writer:
                 fn = self.const(reference.REFERENCE_IMPLS[n.op], n.op)
                 rest = "".join(", " + self.const(a, "arg") for a in n.args[1:])
                 self.body.append(f"{self.local(id(n.output))} = {fn}({src}{rest})")
+                self.meta_view(n)
             return
         made = {id(o) for n in nodes for o in n.outputs}
         reads = {id(v): v for n in nodes for v in n.inputs() if id(v) not in made}
@@ -259,6 +272,21 @@ class _Writer:
             name = self.local(vid)
             self.body.append(f"{name} = {env}[{vid}]")
         self.body.append(f"del {env}")
+
+    def meta_view(self, n) -> None:
+        """The view ``n`` takes, on the meta tensor of its source where that is an argument or
+        a view of one (``self.meta``)."""
+        src = self.meta.get(id(n.args[0]))
+        if src is None:
+            return
+        try:
+            m = reference.REFERENCE_IMPLS[n.op](src, *n.args[1:])
+        except Exception:  # noqa: BLE001 - no meta layout: its pointer stays unknown
+            return
+        # a view, not a copy (a reshape copies where the strides do not allow a view)
+        if isinstance(m, torch.Tensor) and m.device.type == "meta" and m.dtype == src.dtype and m._is_view():
+            self.meta[id(n.output)] = m
+            self.root[id(n.output)] = self.root[id(n.args[0])]
 
     def free(self, frees) -> None:
         gone = []
