@@ -21,7 +21,7 @@ os.environ.setdefault("THUNDER_FUSER_RANGES", "1")  # before the regions are bui
 import torch  # noqa: E402
 
 import thunder_fuser  # noqa: F401,E402
-from benchmarks.launchers import by_launcher  # noqa: E402
+from benchmarks.launchers import by_launcher, copy_chains  # noqa: E402
 from benchmarks.model_zoo import batch, build  # noqa: E402
 from benchmarks.contenders import wrap  # noqa: E402
 from benchmarks.models import _step, _zero  # noqa: E402
@@ -80,6 +80,9 @@ def main() -> None:
         print("GPU us per step by launcher (a region, a copy inside one, or a torch op):")
         for name, us in sorted(by_launcher(prof, 5).items(), key=lambda kv: -kv[1])[:40]:
             print(f"  {us:9.1f} us  {name}")
+        print("Copies per step, by what made them:")
+        for name, us in sorted(copy_chains(prof, 5).items(), key=lambda kv: -kv[1])[:20]:
+            print(f"  {us:9.1f} us  {name[-300:]}")
 
 
 def idx_device(cuda: bool) -> str:
