@@ -23,6 +23,7 @@ from thunder.extend import FusionExecutor, register_executor
 
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
+from thunder_fuser.dead_inputs import dead_inputs
 from thunder_fuser.input_aliases import with_alias_guard
 from thunder_fuser.rematerialize import rematerialize_if_safe, writes_in_place
 from thunder_fuser.rules.cross_entropy import register as register_losses
@@ -77,6 +78,7 @@ class FuserExecutor(FusionExecutor):
         # during fusion_pass's final build: tensor name -> how a matmul of the trace reads it
         self._matmul_reads: dict[str, str] = {}
         self._copyable: frozenset[str] = frozenset()  # names whose aliasing nothing observes
+        self._dead_inputs: dict = {}  # a fusion's output names -> its inputs it may write over
         for name in SUPPORTED:
             sym = copy_to_out_ if name == "copy_to_out_" else getattr(prims, name)
             self.register_supported(sym.id, _checker)
@@ -122,6 +124,7 @@ class FuserExecutor(FusionExecutor):
         ir.grad_enabled = _grad_enabled_at_trace_time()
         ir.matmul_reads = {o.name: self._matmul_reads[o.name] for o in outputs if o.name in self._matmul_reads}
         ir.copyable_outputs = frozenset(o.name for o in outputs if o.name in self._copyable)
+        ir.dead_inputs = self._dead_inputs.get(tuple(o.name for o in outputs), frozenset())
         debug.dump("region", lambda: "\n".join([name] + [op_line(n) for n in ir.nodes]))
         functionalize(ir)
         cat_before_reshape(ir)
@@ -166,10 +169,11 @@ class FuserExecutor(FusionExecutor):
         # outputs a matmul reads, and lays them out for it
         self._matmul_reads = matmul_reads(_matmul_calls(out.bound_symbols))
         self._copyable = _unobserved_aliasing(out)
+        self._dead_inputs = dead_inputs(out)
         try:
             out = update_fusion_call_ctx(out)
         finally:
-            self._matmul_reads, self._copyable = {}, frozenset()
+            self._matmul_reads, self._copyable, self._dead_inputs = {}, frozenset(), {}
         ms = (time.perf_counter_ns() - start) // 1_000_000
         out.set_provenance(TraceProvenance(f"thunder_fuser fusion (took {ms} milliseconds)"))
         return out

@@ -122,6 +122,9 @@ class Region:
     # outputs whose aliasing nothing can observe (the trace writes nothing in place and does
     # not return them): a view among them may be stored as a copy (``layout/stored_views.py``)
     copyable_outputs: frozenset[str] = frozenset()
+    # inputs nothing after the region reads, which an output may be written over where only
+    # the trace holds them (``dead_inputs.py``, ``runtime/donation.py``)
+    dead_inputs: frozenset[str] = frozenset()
 
     def producers(self) -> dict[int, Node]:
         return {id(o): n for n in self.nodes for o in n.outputs}

@@ -68,14 +68,20 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
         memo[id(e)] = r
         return r
 
-    for st, slot in zip(prog.stores, geo.store_slot):
-        v = views[slot]
-        r = torch.as_tensor(ev(st.expr), device=v.device).expand(v.shape)
-        if st.is_row or st.across:  # one number per row (column): the view repeats it along the reduced dims
-            dims = column_dims if st.across else reduced_dims
-            one = tuple(slice(0, 1) if d in dims else slice(None) for d in range(ndim))
-            v, r = v[one], r[one]
-        v.copy_(r)
+    try:
+        for st, slot in zip(prog.stores, geo.store_slot):
+            v = views[slot]
+            r = torch.as_tensor(ev(st.expr), device=v.device).expand(v.shape)
+            if st.is_row or st.across:  # one number per row (column): the view repeats it along the reduced dims
+                dims = column_dims if st.across else reduced_dims
+                one = tuple(slice(0, 1) if d in dims else slice(None) for d in range(ndim))
+                v, r = v[one], r[one]
+            v.copy_(r)
+    finally:
+        # ``ev`` is recursive: its closure holds itself, a cycle that would keep the call's
+        # tensors alive until the cyclic collector runs (so a dead input looked held)
+        memo.clear()
+        views.clear()
 
 
 def from_bases(geo: Geometry, views) -> list[torch.Tensor]:

@@ -28,6 +28,7 @@ from thunder_fuser.ir.ops import METADATA
 from thunder_fuser.ir.region import Value
 from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.segment_kernel import LaunchGroup, SegmentKernel
+from thunder_fuser.runtime.donation import donated, donating
 from thunder_fuser.runtime.plan import conform_output
 
 
@@ -38,6 +39,12 @@ def _direct_view(n) -> bool:
     walk of its arguments and a lookup, about as much as the torch call itself."""
     return (n.op in METADATA and len(n.outputs) == 1 and not n.kwargs and isinstance(n.args[0], Value)
             and n.inputs() == [n.args[0]])
+
+
+def _reads_as_written(o, store) -> bool:
+    """Does operand ``o`` read each element where ``store`` writes it?"""
+    return (not o.is_store and o.iota is None and o.offset == 0 and tuple(o.shape) == tuple(store.shape)
+            and tuple(o.stride) == tuple(store.stride))
 
 
 class _Unfit(Exception):
@@ -121,6 +128,7 @@ class _Writer:
         ]
         if region.grad_enabled:  # the general path raises for a leaf that requires grad
             guards += [f"a{i}.requires_grad" for i in plan.written_inputs]
+        self.donors = self.dead_inputs_read_by_one_segment()
         for step, frees in plan.step_frees:
             self.step(step)
             self.free(frees)
@@ -154,13 +162,67 @@ class _Writer:
             if k is None:
                 self.reference(seg.nodes)
             else:
-                self.kernel(k)
+                self.kernel(k, seg.index)
 
-    def kernel(self, k: SegmentKernel) -> None:
+    def kernel(self, k: SegmentKernel, segment: int | None = None) -> None:
         for part in k.parts:
-            views = self.part_views(k, part)
+            views = self.part_views(k, part, segment)
             self.launch(k, part, views)
         self.finish(k)
+
+    # ---- outputs written over dead inputs ---------------------------------------------------
+    def dead_inputs_read_by_one_segment(self) -> dict[int, int]:
+        """Input value id -> the one segment that reads it, for the region's dead inputs
+        (``Region.dead_inputs``) that nothing else of the region reads, directly or through
+        views, and that no output is or views: an output of that segment's kernel may be
+        written over them (``donor_for``)."""
+        region = self.plan.region
+        if not region.dead_inputs or segment_kernel.FILL_NAN or not donating():
+            return {}
+        segment_of = {id(n): seg.index for step, _ in self.plan.step_frees for seg in step for n in seg.nodes}
+        consumers = region.consumers()
+        outputs = {id(o) for o in region.outputs}
+        donors = {}
+        for v in region.inputs:
+            if v.name not in region.dead_inputs or id(v) not in self.meta or id(v) in outputs:
+                continue
+            seen, todo, segments = set(), [v], set()
+            while todo:  # the input and the views taken of it
+                x = todo.pop()
+                if id(x) in outputs:
+                    segments.add(None)
+                for n in consumers.get(id(x), []):
+                    segments.add(segment_of.get(id(n)))
+                    if n.op in METADATA and id(n.output) not in seen:
+                        seen.add(id(n.output))
+                        todo.append(n.output)
+            if len(segments) == 1 and None not in segments:
+                donors[id(v)] = segments.pop()
+        return donors
+
+    def donor_for(self, part, segment, alloc) -> int | None:
+        """A dead input this part's one store may be written over: the part is pointwise
+        (each thread reads its elements before it writes them there, and no other thread
+        touches them), the input has the store's shape, strides and dtype, and every operand
+        of the part that reads it reads it as the store is written."""
+        if (segment is None or part.prog.family != "pointwise" or len(part.prog.stores) != 1 or part.geo.stage
+                or part.prog.select_dims):
+            return None
+        shape, strides, dtype = alloc
+        store = part.geo.operands[part.geo.store_slot[0]]
+        for vid, seg in self.donors.items():
+            m = self.meta[vid]
+            if seg != segment or tuple(m.shape) != tuple(shape) or m.stride() != tuple(strides) or m.dtype != dtype:
+                continue
+            on_it = [i for i, (b, _) in enumerate(part.geo.call_views)
+                     if not part.base_refs[b][0] and part.base_refs[b][1] == vid]
+            # a piece of a cat or pad reads elsewhere than it writes (another thread's elements)
+            shifted = {part.geo.load_slot[id(ld)] for ld in part.prog.loads if ld.shifts}
+            if on_it and all(part.geo.call_views[i][1] is None and i not in shifted
+                             and _reads_as_written(part.geo.operands[i], store) for i in on_it):
+                del self.donors[vid]
+                return vid
+        return None
 
     def group(self, g: LaunchGroup) -> None:
         calls = [self.part_views(k, part) for k, part in zip(g.kernels, g.parts)]
@@ -172,7 +234,7 @@ class _Writer:
         for k in g.kernels:
             self.finish(k)
 
-    def part_views(self, k: SegmentKernel, part) -> str:
+    def part_views(self, k: SegmentKernel, part, segment: int | None = None) -> str:
         """Allocate the part's stores; the tuple of its operand views (an expression)."""
         for vid, t in k.constants.items():  # iota operands, built with the plan
             if vid not in self.names:
@@ -186,10 +248,14 @@ class _Writer:
                 continue
             name = self.local(target)
             shape, strides, dtype = alloc
-            self.body.append(
-                f"{name} = empty_strided({shape}, {strides}, dtype={self.const(dtype, 'dt')}, "
-                f"device={self.const(k.device, 'dev')})"
-            )
+            fresh = (f"empty_strided({shape}, {strides}, dtype={self.const(dtype, 'dt')}, "
+                     f"device={self.const(k.device, 'dev')})")
+            donor = self.donor_for(part, segment, alloc)
+            if donor is None:
+                self.body.append(f"{name} = {fresh}")
+            else:  # written over a dead input where only the trace holds it (``runtime/donation.py``)
+                self.glob["donated"] = donated
+                self.body.append(f"{name} = {self.names[donor]} if donated({self.names[donor]}) else {fresh}")
             if segment_kernel.FILL_NAN and dtype.is_floating_point:
                 self.body.append(f"{name}.fill_(nan)")
             self.fresh[target] = strides

@@ -1,0 +1,69 @@
+"""The run-time half of writing an output over a dead input (``dead_inputs.py``): a tensor
+the trace deems dead may still be held elsewhere (the caller kept the logits it returned, a
+view shares its storage), so the generated code (``straight_line.py``) writes over it only
+where ``donated`` finds it held by the trace alone, and otherwise allocates as before.
+
+"Held by the trace alone": its Python reference count is exactly the references the call
+path itself makes (the trace's local, the call's argument tuple, the generated code's
+local, ...), which ``STRUCTURAL_REFS`` measures once on this interpreter through the same
+path (``RegionRunner``); no other tensor shares its storage (the storage's use count); it
+is no view, does not require grad, starts its storage, and its pointer is 64-byte aligned,
+as a fresh allocation's is (the generated code assumes both of a tensor it allocates: a
+kernel's vector accesses may need 32 bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+_storage_use_count = torch._C._storage_Use_Count
+
+
+def donating() -> bool:
+    """``THUNDER_FUSER_DONATE=1`` turns it on. Off by default until the GPU has run it: it
+    was built in a session whose device time was spent, and is tested on the CPU only (the
+    kernels' stand-in runs the same generated code; a CuTe pointwise kernel reads each
+    element before the same thread writes it, so the kernels need nothing of their own)."""
+    return os.environ.get("THUNDER_FUSER_DONATE", "0") not in ("", "0")
+
+
+def _refs(t) -> int:  # shaped as ``donated``: one frame, the tensor its only argument
+    return sys.getrefcount(t)
+
+
+def _structural_refs() -> int:
+    """The reference count ``donated`` sees for a tensor that only the trace holds, called
+    through a region runner from a trace's generated code, as thunder calls fusions."""
+    from thunder_fuser.runtime.region_runner import RegionRunner
+
+    seen = []
+
+    def run(args):
+        a0, = args
+        seen.append(_refs(a0))
+        return [a0]
+
+    runner = RegionRunner.__new__(RegionRunner)
+    runner.fast = run
+    glob = {"runner": runner, "empty": torch.empty}
+    exec(compile("def computation():\n    t0 = empty(0)\n    (t1,) = runner(t0)\n    del t0\n    return t1\n",
+                 "<donation probe>", "exec"), glob)
+    glob["computation"]()
+    return seen[0]
+
+
+STRUCTURAL_REFS: int | None = None
+
+
+def donated(t, wrapped: int = 0) -> bool:
+    """May the generated code write an output of ``t``'s layout over ``t``? ``wrapped``: the
+    references a wrapper around this call holds (a test's spy)."""
+    global STRUCTURAL_REFS
+    if STRUCTURAL_REFS is None:
+        STRUCTURAL_REFS = _structural_refs()
+    return (sys.getrefcount(t) == STRUCTURAL_REFS + wrapped and t._base is None and not t.requires_grad
+            and t.storage_offset() == 0 and t.data_ptr() % 64 == 0
+            and _storage_use_count(t.untyped_storage()._cdata) == 2)  # t's and the one just made
