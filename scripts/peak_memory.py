@@ -2,7 +2,9 @@
 ``benchmarks/model_zoo`` per contender under torch's allocator history, replayed to the
 moment the step's allocations peak; the largest blocks then alive, each with the frame of
 the trace (thunder's generated forward or backward, our regions' runners) or model code
-that allocated it. The traces go to OUT_DIR so that their line numbers read as ops (``thunder_fuser-fwd.txt``, ``thunder_fuser-bwd.txt``).
+that allocated it. The traces go to OUT_DIR so that their line numbers read as ops
+(``thunder_fuser-fwd.txt``, ``thunder_fuser-bwd.txt``, and the regions' generated code,
+``thunder_fuser-runners.txt``).
 
     python scripts/peak_memory.py pythia-410m OUT_DIR [--contenders thunder+fuser,torch.compile]
 """

@@ -129,5 +129,6 @@ def test_off_unless_asked(monkeypatch, torch_kernels):
     x, w, t = _problem()
     for _ in range(2):
         jfn(x, w, t).backward()
-    runners = [r for r in thunder.last_backward_traces(jfn)[-1].python_ctx().values() if isinstance(r, RegionRunner)]
+    ctx = thunder.last_backward_traces(jfn)[-1].python_ctx()
+    runners = [r for r in ctx.values() if isinstance(r, RegionRunner)]
     assert runners and not any("donated(" in r.fast.source for r in runners if r.fast)

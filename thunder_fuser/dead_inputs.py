@@ -9,8 +9,9 @@ once it has read them: written over them, the gradient costs no second buffer of
 input qualifies here, from the trace alone, when nothing after the fusion reads it, the
 trace does not return it, and the trace made it itself or unpacked it from the tensors its
 forward saved (never a cotangent, ``get_grad``'s: autograd may hand one tensor to several
-functions; never an input of the trace: it is the caller's). Traces that write in place donate nothing. The run-time
-half (``runtime/donation.py``) then checks that only the trace holds the tensor.
+functions; never an input of the trace: it is the caller's). Traces that write in place
+donate nothing. The run-time half (``runtime/donation.py``) then checks that only the trace
+holds the tensor.
 """
 
 from __future__ import annotations
