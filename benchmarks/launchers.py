@@ -8,6 +8,15 @@ from __future__ import annotations
 import torch
 
 
+def _chain(e) -> list:
+    """``e`` and the CPU ranges and ops around it, innermost first."""
+    chain, p = [e], e.cpu_parent
+    while p is not None:
+        chain.append(p)
+        p = p.cpu_parent
+    return chain
+
+
 def by_launcher(prof, steps: int) -> dict[str, float]:
     """GPU us per step by what launched it: the innermost region range (``fuserN``) around
     the launch, else the outermost torch op (inside the autograd engine's node functions, in
@@ -16,10 +25,7 @@ def by_launcher(prof, steps: int) -> dict[str, float]:
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CPU or e.self_device_time_total <= 0:
             continue
-        chain, p = [e], e.cpu_parent
-        while p is not None:
-            chain.append(p)
-            p = p.cpu_parent
+        chain = _chain(e)
         region = next((c.name for c in chain if c.name.startswith("fuser") and "attention" not in c.name), None)
         # the backward runs inside the autograd engine's node functions: name the op within
         outer = [c for c in chain if not c.name.startswith("autograd::engine")] or chain
@@ -46,10 +52,6 @@ def copy_chains(prof, steps: int) -> dict[str, float]:
             continue
         if e.self_device_time_total <= 0 and not any(c.self_device_time_total > 0 for c in e.cpu_children):
             continue
-        chain, p = [e.name], e.cpu_parent
-        while p is not None:
-            chain.append(p.name)
-            p = p.cpu_parent
-        key = " > ".join(reversed(chain))
+        key = " > ".join(c.name for c in reversed(_chain(e)))
         out[key] = out.get(key, 0.0) + e.device_time_total / steps
     return out

@@ -20,39 +20,10 @@ from thunder_fuser import fuser_ex
 n, v = (int(a) for a in sys.argv[1:3]) if len(sys.argv) > 2 else (4096, 32000)
 x = torch.randn(n, v, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 t = torch.randint(0, v, (n,), device="cuda")
-fn = thunder.jit(lambda x, t: F.cross_entropy(x.float(), t), executors=[fuser_ex])
-
-
-def step():
-    x.grad = None
-    fn(x, t).backward()
-
-
-for _ in range(10):
-    step()
-torch.cuda.synchronize()
-for label, k in (("wall", 100),):
-    t0 = time.perf_counter()
-    for _ in range(k):
-        step()
-    torch.cuda.synchronize()
-    print(f"{label} ms per step: {(time.perf_counter() - t0) / k * 1e3:.3f}")
-small = torch.randn(64, 320, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-ts = torch.randint(0, 320, (64,), device="cuda")
-fs = thunder.jit(lambda x, t: F.cross_entropy(x.float(), t), executors=[fuser_ex])
-for _ in range(10):
-    small.grad = None
-    fs(small, ts).backward()
-torch.cuda.synchronize()
-t0 = time.perf_counter()
-for _ in range(200):
-    small.grad = None
-    fs(small, ts).backward()
-torch.cuda.synchronize()
-print(f"host ms per step at [64, 320]: {(time.perf_counter() - t0) / 200 * 1e3:.3f}")
 
 
 def host_ms(f, a, b, k=200):
+    """Wall ms per forward + backward step of ``f(a, b)``, after 10 warm-up steps."""
     for _ in range(10):
         a.grad = None
         f(a, b).backward()
@@ -63,6 +34,17 @@ def host_ms(f, a, b, k=200):
         f(a, b).backward()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / k * 1e3
+
+
+def fuser_loss():
+    return thunder.jit(lambda x, t: F.cross_entropy(x.float(), t), executors=[fuser_ex])
+
+
+print(f"wall ms per step: {host_ms(fuser_loss(), x, t, 100):.3f}")
+small = torch.randn(64, 320, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+ts = torch.randint(0, 320, (64,), device="cuda")
+fs = fuser_loss()
+print(f"host ms per step at [64, 320]: {host_ms(fs, small, ts):.3f}")
 
 
 # the floor of any thunder-jitted training step: one tiny differentiable op

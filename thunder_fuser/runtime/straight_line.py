@@ -210,14 +210,14 @@ class _Writer:
             return None
         shape, strides, dtype = alloc
         store = part.geo.operands[part.geo.store_slot[0]]
+        # a piece of a cat or pad reads elsewhere than it writes (another thread's elements)
+        shifted = {part.geo.load_slot[id(ld)] for ld in part.prog.loads if ld.shifts}
         for vid, seg in self.donors.items():
             m = self.meta[vid]
             if seg != segment or tuple(m.shape) != tuple(shape) or m.stride() != tuple(strides) or m.dtype != dtype:
                 continue
             on_it = [i for i, (b, _) in enumerate(part.geo.call_views)
                      if not part.base_refs[b][0] and part.base_refs[b][1] == vid]
-            # a piece of a cat or pad reads elsewhere than it writes (another thread's elements)
-            shifted = {part.geo.load_slot[id(ld)] for ld in part.prog.loads if ld.shifts}
             if on_it and all(part.geo.call_views[i][1] is None and i not in shifted
                              and _reads_as_written(part.geo.operands[i], store) for i in on_it):
                 del self.donors[vid]
@@ -254,7 +254,7 @@ class _Writer:
             if donor is None:
                 self.body.append(f"{name} = {fresh}")
             else:  # written over a dead input where only the trace holds it (``runtime/donation.py``)
-                self.glob["donated"] = donated
+                self.glob["donated"] = donated  # only here: constants are numbered by the globals' count
                 self.body.append(f"{name} = {self.names[donor]} if donated({self.names[donor]}) else {fresh}")
             if segment_kernel.FILL_NAN and dtype.is_floating_point:
                 self.body.append(f"{name}.fill_(nan)")
