@@ -19,7 +19,7 @@ from thunder_fuser.runtime import straight_line
 @pytest.fixture
 def donations(monkeypatch, torch_kernels):
     """Each run-time decision of the generated code, True where it wrote over the input."""
-    monkeypatch.setenv("THUNDER_FUSER_DONATE", "1")
+    monkeypatch.delenv("THUNDER_FUSER_DONATE", raising=False)  # on by default
     seen = []
     real = straight_line.donated
 
@@ -117,9 +117,9 @@ def test_an_input_of_the_step_is_never_written_over(donations):
     assert not any(donations)
 
 
-def test_off_unless_asked(monkeypatch, torch_kernels):
-    """Off by default (``runtime/donation.donating``): the generated code allocates."""
-    monkeypatch.delenv("THUNDER_FUSER_DONATE", raising=False)
+def test_off_when_asked(monkeypatch, torch_kernels):
+    """``THUNDER_FUSER_DONATE=0`` (``runtime/donation.donating``): the generated code allocates."""
+    monkeypatch.setenv("THUNDER_FUSER_DONATE", "0")
     from thunder_fuser.runtime.region_runner import RegionRunner
 
     def step(x, w, t):

