@@ -12,7 +12,9 @@ kernels per step, copies among them, the heaviest kernels), and for thunder + fu
 segments on the reference backend and every warning a step raised. ``first_call_s`` is the
 first step's wall time, tracing and compiling included, with a cold kernel cache (fuser:
 a fresh ``THUNDER_FUSER_CACHE``); a second process then takes the first step again on the
-disk cache (``first_call_warm_s``).
+disk cache (``first_call_warm_s``). ``second_call_s`` is the next step's: thunder + fuser's
+first step runs on the reference backend while worker processes compile its kernels
+(``kernels/compile_workers.py``), and the second waits for those still compiling.
 
 Each run writes ``models-<model>.json`` under ``--out``; ``--merge`` joins them into
 ``models.json`` (``{"device", "models": [{"name", "config", "contenders": {NAME: {"step_ms",
@@ -163,9 +165,17 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
         if bad:
             res["error"] = f"wrong result: {bad}"
             return res
-        for _ in range(2):  # warm: allocator pools, autotuning
+        for i in range(2):  # warm: allocator pools, autotuning
             _zero(module)
-            _step(fn, idx, targets)
+            t0 = time.perf_counter()
+            loss = _step(fn, idx, targets)
+            _sync()
+            if i == 0:  # fuser: it waits for the kernels worker processes compile during the first
+                res["second_call_s"] = round(time.perf_counter() - t0, 2)
+        bad = _check(module, loss, ref["loss"], ref["grads"])  # the kernels' (the first step's may not be)
+        if bad:
+            res["error"] = f"wrong result after the first step: {bad}"
+            return res
         times = _time_steps(fn, module, idx, targets, steps)
         res["step_ms"] = round(statistics.median(times), 3)
         res["tokens_per_s"] = round(batch_size * seq / res["step_ms"] * 1000)

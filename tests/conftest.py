@@ -12,6 +12,11 @@ if "CUTE_DSL_DUMP_DIR" not in os.environ:
     os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="thunder_fuser_dump_")
     atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], ignore_errors=True)
 
+# a plan's first call runs on the reference backend while worker processes compile its
+# kernels (``kernels/compile_workers.py``); the tests check kernels from the first call, so
+# they compile in the test's process unless a test asks for workers (test_compile_workers.py)
+os.environ.setdefault("THUNDER_FUSER_COMPILE_WORKERS", "0")
+
 import pytest
 import torch
 from hypothesis import settings

@@ -198,6 +198,29 @@ def test_a_failing_kernel_falls_back_with_one_warning(monkeypatch):
     assert [kind for kind, _ in _kernels(jfn)] == ["reference"]
 
 
+def test_a_segment_the_reference_backend_ran_for_one_call_leaves_its_outputs_where_the_kernel_would(torch_kernels):
+    """A kernel declines a call whose pointers break its alignment; the reference backend
+    then runs its segment. A later kernel of the plan reads the outputs through views fixed
+    at its first call, so they are copied into the kernel's layout where torch's differs
+    (``SegmentKernel.conform``)."""
+    from thunder_fuser.backends import reference
+
+    def f(x, w):
+        return (torch.tanh(x) * 2).transpose(1, 2) @ w
+
+    x, w = _r(4, 64, 32), _r(4, 64, 16)
+    jfn, _ = check_vs_eager(f, x, w)
+    k = next(k for p in _plans(jfn) for k in p.kernels.values() if k is not None)
+    ((target, (_, strides, _)),) = [(t, a) for part in k.parts for t, a in part.store_recipe if a is not None]
+    assert strides != torch.empty(4, 32, 64).stride()  # stored for the matmul, not contiguous
+    env = {id(v): x for v in k.seg.inputs}
+    reference.run_nodes(k.seg.nodes, env)
+    env[target] = want = env[target].contiguous()  # a layout torch could have given it
+    k.conform(env)
+    assert env[target].stride() == strides
+    torch.testing.assert_close(env[target], want)
+
+
 def test_a_transposed_reduction_result_is_not_a_row_value(torch_kernels):
     """einsum's ``...a,...a->...`` transposes a row sum before storing it: the stored value
     is not the reduction's rows in their order, so it is not lowered as one (a wrong result

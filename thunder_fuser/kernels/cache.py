@@ -24,7 +24,7 @@ from thunder_fuser.kernels import progress
 
 _memory: dict[str, object] = {}
 _compiled: dict[int, object] = {}  # id of a function in _memory -> what cute.compile returned (its PTX)
-stats = {"compiled": 0, "loaded": 0, "hits": 0, "compile_s": 0.0, "load_s": 0.0}
+stats = {"compiled": 0, "loaded": 0, "hits": 0, "compile_s": 0.0, "load_s": 0.0, "queued": 0}
 
 
 def fingerprint() -> str:
@@ -51,17 +51,27 @@ def key_digest(key) -> str:
     return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
 
 
-def get_or_compile(key, build):
+def disk_cache_on() -> bool:
+    return os.environ.get("THUNDER_FUSER_DISK_CACHE", "1") != "0"
+
+
+def cached(digest: str) -> bool:
+    """Is the kernel of this key digest in memory, or on disk where the disk cache is on?"""
+    return digest in _memory or (disk_cache_on() and (cache_dir() / f"tf_{digest}.o").exists())
+
+
+def get_or_compile(key, build, directory: Path | None = None):
     """The callable for ``key``: from memory, from disk, or ``build()`` (which returns a
-    compiled TVM-FFI function) then exported to disk."""
+    compiled TVM-FFI function) then exported to disk (``directory``: a worker writes where
+    the process that queued the kernel reads, ``compile_workers.py``)."""
     digest = key_digest(key)
     fn = _memory.get(digest)
     if fn is not None:
         stats["hits"] += 1
         return fn
     name = f"tf_{digest}"
-    path = cache_dir() / f"{name}.o"
-    if path.exists() and os.environ.get("THUNDER_FUSER_DISK_CACHE", "1") != "0":
+    path = Path(directory or cache_dir()) / f"{name}.o"
+    if path.exists() and disk_cache_on():
         t0 = time.perf_counter()
         try:
             from cutlass import cute
@@ -69,6 +79,8 @@ def get_or_compile(key, build):
             fn = getattr(cute.runtime.load_module(str(path), enable_tvm_ffi=True), name)
             stats["loaded"] += 1
             stats["load_s"] += time.perf_counter() - t0
+            if stats["queued"]:  # a worker's kernel arriving (``compile_workers.py``)
+                progress.report(stats)
         except Exception:  # a truncated or foreign file: compile afresh
             fn = None
     if fn is None:

@@ -15,7 +15,7 @@ import math
 import torch
 
 from thunder_fuser.backends import reference
-from thunder_fuser.kernels import cache
+from thunder_fuser.kernels import cache, compile_workers
 from thunder_fuser.kernels.base_maps import aligned, views_for_call
 from thunder_fuser.kernels.columns_geometry import column_state_offsets
 from thunder_fuser.kernels.constants import find_iotas
@@ -80,9 +80,9 @@ class SegmentKernel:
         self.write_outs: list = []  # (node output value, dst value) pairs
         self.columns_apart = ""  # why the segment's sums per column run apart from its rows (``columns_apart``)
 
-    def prepare(self, env, device, compile_now: bool = True) -> None:
+    def prepare(self, env, device, compile_now: bool = True, defer: bool = False) -> None:
         """Lower, lay out and (unless ``compile_now`` is False: a member of a shared launch,
-        see ``compile``) compile every part."""
+        see ``compile``) compile every part (``defer``: queue it for a worker process)."""
         writes = [n for n in self.seg.nodes if n.op in ("copy_to_out_", "copy_")]
         written = {id(n.written) for n in writes}
         self.write_outs = [(n.output, n.written) for n in writes]
@@ -129,16 +129,23 @@ class SegmentKernel:
                 continue
             self.parts.append(part)
         if compile_now:
-            self.compile()
+            self.compile(defer)
 
-    def compile(self) -> None:
-        """Each part's kernel (CuTe mode), once. A member of a shared launch compiles its own
-        only if it must launch alone: the group failed to build, or a call's pointers broke
-        the vector alignment of another member."""
+    def compile(self, defer: bool = False) -> None:
+        """Each part's kernel (CuTe mode), once; with ``defer``, those not yet built are
+        queued for worker processes and stay missing (``ready`` is False) until a call
+        without it. A member of a shared launch compiles its own only if it must launch
+        alone: the group failed to build, or a call's pointers broke the vector alignment
+        of another member."""
         if self.mode == "cute":
             for part in self.parts:
                 if part.fn is None:
-                    part.fn = compile_program(part.prog, part.geo, self.device)
+                    part.fn = compile_program(part.prog, part.geo, self.device, defer)
+
+    @property
+    def ready(self) -> bool:
+        """Can ``run`` launch: every part's kernel built (the torch mode needs none)."""
+        return self.mode != "cute" or all(part.fn is not None for part in self.parts)
 
     def _prepare_part(self, part: _Part, env, written: set, device) -> None:
         part.allocs = []
@@ -212,6 +219,18 @@ class SegmentKernel:
             return None
         return views_for_call(part.geo, bases)
 
+    def conform(self, env) -> None:
+        """After the reference backend ran the segment for one call (``run`` returned False):
+        each output the kernel allocates, in the layout the kernel gives it. A later kernel of
+        the plan reads it through views fixed at its first call (``views_for_call``), so an
+        output in torch's layout would be read at the wrong elements."""
+        for part in self.parts:
+            for target, a in part.store_recipe:
+                t = env.get(target)
+                if a is not None and isinstance(t, torch.Tensor) and not _same_places(t, a[1]):
+                    out = torch.empty_strided(a[0], a[1], dtype=t.dtype, device=t.device)
+                    env[target] = out.copy_(t)
+
     def finish(self, env) -> None:
         """After the launches: in-place results name their destination; view outputs."""
         for out, dst in self.write_outs:
@@ -223,13 +242,21 @@ class SegmentKernel:
 class LaunchGroup:
     """Independent one-launch pointwise segments run as one launch (``schedule.launch_steps``)."""
 
-    def __init__(self, kernels: list[SegmentKernel]):
+    def __init__(self, kernels: list[SegmentKernel], defer: bool = False):
         self.kernels = kernels
         self.parts = [k.parts[0] for k in kernels]
         self.mode = kernels[0].mode
         self.fn = None
-        if self.mode == "cute":
-            self.fn = compile_group(self.parts, kernels[0].device)
+        self.compile(defer)
+
+    def compile(self, defer: bool = False) -> None:
+        """The shared launch (``defer``: queued for a worker, as ``SegmentKernel.compile``)."""
+        if self.mode == "cute" and self.fn is None:
+            self.fn = compile_group(self.parts, self.kernels[0].device, defer)
+
+    @property
+    def ready(self) -> bool:
+        return self.mode != "cute" or self.fn is not None
 
     def run(self, env) -> bool:
         """False when a member's pointers do not fit (then each runs on its own)."""
@@ -249,7 +276,7 @@ class LaunchGroup:
         return True
 
 
-def launch_group(kernels: list) -> tuple[LaunchGroup | None, str]:
+def launch_group(kernels: list, defer: bool = False) -> tuple[LaunchGroup | None, str]:
     """A LaunchGroup of these segments' kernels, or None and why they launch apart."""
     for k in kernels:
         if k is None:
@@ -261,9 +288,14 @@ def launch_group(kernels: list) -> tuple[LaunchGroup | None, str]:
         if k.parts[0].geo.stage:
             return None, f"segment {k.seg.index} stages operands through shared memory (a block-wide tile)"
     try:
-        return LaunchGroup(kernels), ""
+        return LaunchGroup(kernels, defer), ""
     except Exception as e:  # noqa: BLE001 - the members still run, one launch each
         return None, f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def _same_places(t: torch.Tensor, strides) -> bool:
+    """Are ``t``'s elements where ``strides`` puts them (a dim of extent 1 has no say)?"""
+    return all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides))
 
 
 def _run_on_torch(part: _Part, views) -> None:
@@ -308,16 +340,19 @@ def _check_no_overlap(part: _Part, env, stores) -> None:
 EXTRA_OPTIONS = ""  # e.g. " --keep-ptx" (tests read the PTX from the compiled function's artifacts)
 
 
-def compile_program(prog: Program, geo: Geometry, device):
-    return _compile([(prog, geo)], device)
+def compile_program(prog: Program, geo: Geometry, device, defer: bool = False):
+    return compile_members([(prog, geo)], device, defer)
 
 
-def compile_group(parts: list, device):
+def compile_group(parts: list, device, defer: bool = False):
     """One launch for several independent pointwise programs (``pointwise.build_pointwise_group``)."""
-    return _compile([(p.prog, p.geo) for p in parts], device)
+    return compile_members([(p.prog, p.geo) for p in parts], device, defer)
 
 
-def _compile(members: list, device):
+def compile_members(members: list, device, defer: bool = False, directory=None):
+    """The launch function of these (program, geometry) pairs; None where ``defer`` queued
+    it for a worker process (``compile_workers.py``), which writes it to the disk cache
+    (``directory``, in the worker)."""
     import os
 
     # the DSL is imported only to compile (the CPU check of lowering runs without it)
@@ -346,7 +381,10 @@ def _compile(members: list, device):
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
         return cute.compile(launch, *args, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)
 
-    return cache.get_or_compile(key, build)
+    if defer and compile_workers.submit(key, members, arch):
+        return None
+    compile_workers.wait(key)
+    return cache.get_or_compile(key, build, directory)
 
 
 def _sm_count(device) -> int:

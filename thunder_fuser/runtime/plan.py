@@ -59,6 +59,10 @@ class Plan:
     apart: dict = field(default_factory=dict)  # first segment index of a step -> why it launches apart
     fallbacks: dict = field(default_factory=dict)  # segment index -> why no kernel runs it (for explain)
     layout_notes: list = field(default_factory=list)  # where matmul readers changed a layout (for explain)
+    # segment index -> its kernel, where the kernel failed to compile after later kernels
+    # were laid out against its outputs: the reference backend's outputs are put in its layout
+    laid_out: dict = field(default_factory=dict)
+    called: bool = False  # after the first call: kernels are no longer queued for workers but waited for
 
     def _kernel_for(self, seg: Segment, env, compile_now: bool = True):
         """Build the segment's kernel at the plan's first call, when every tensor it reads
@@ -72,8 +76,24 @@ class Plan:
 
     def _prepared(self, seg: Segment, mode: str, env, compile_now: bool) -> SegmentKernel:
         k = SegmentKernel(seg, self.orders, mode)
-        k.prepare(env, _device_of(env, self.region), compile_now)
+        k.prepare(env, _device_of(env, self.region), compile_now, defer=not self.called)
         return k
+
+    def _built(self, seg: Segment, k: SegmentKernel, defer: bool = False):
+        """``k`` with its kernels built (waiting for the workers that compile them; ``defer``:
+        queued for them), or None where that fails (the reference backend then runs the
+        segment, its outputs in ``k``'s layout)."""
+        built = self._or_reference(seg, k.mode, lambda: (k.compile(defer), k)[1])
+        if built is None:
+            self.laid_out[seg.index] = k
+        return built
+
+    def settled(self) -> bool:
+        """Is every kernel built or given up (none still with a worker)? A member of a
+        shared launch needs no kernel of its own."""
+        grouped = {id(k) for g in self.groups.values() if g is not None for k in g.kernels}
+        return all(g is None or g.ready for g in self.groups.values()) and all(
+            k is None or k.ready or id(k) in grouped for k in self.kernels.values())
 
     def _or_reference(self, seg: Segment, mode: str, build):
         """``build()``; on any failure None, with the segment recorded as ``reference`` and
@@ -95,7 +115,7 @@ class Plan:
         made, so all can be built now, their own launches not compiled yet) as one launch, or
         None (the reason kept for explain)."""
         ks = [self.kernels[s.index] if s.index in self.kernels else self._kernel_for(s, env, False) for s in step]
-        g, why = launch_group(ks)
+        g, why = launch_group(ks, defer=not self.called)
         self.groups[step[0].index] = g
         if g is None:
             self.apart[step[0].index] = why
@@ -109,6 +129,16 @@ class Plan:
             g = self._group_for(step, env)
         if g is None:
             return False
+        if not g.ready:
+            if not self.called:
+                return False  # compiling in a worker: the members run on the reference backend
+            try:
+                g.compile()
+            except Exception as e:  # noqa: BLE001 - the members still run, one launch each
+                self.groups[step[0].index] = None
+                self.apart[step[0].index] = f"{type(e).__name__}: {str(e)[:300]}"
+                self._compile_alone(step)
+                return False
         if g.run(env):
             return True
         self._compile_alone(step)  # a call whose pointers break a member's vector alignment
@@ -119,7 +149,7 @@ class Plan:
         for seg in step:
             k = self.kernels.get(seg.index)
             if k is not None:
-                self._or_reference(seg, k.mode, k.compile)
+                self._built(seg, k, defer=not self.called)
 
     def run(self, args):
         if self.error is not None:
@@ -141,10 +171,17 @@ class Plan:
                     k = kernels.get(seg.index, _UNSET)
                     if k is _UNSET:
                         k = self._kernel_for(seg, env)
-                    if k is None or not k.run(env):
+                    if k is not None and not k.ready and self.called:
+                        k = self._built(seg, k)
+                    if k is None or not k.ready or not k.run(env):
+                        # no kernel, one still compiling in a worker, or pointers it does not fit
                         reference.run_nodes(seg.nodes, env)
+                        k = k or self.laid_out.get(seg.index)
+                        if k is not None:
+                            k.conform(env)
             for vid in frees:
                 env.pop(vid, None)
+        self.called = True
         return [env[oid] if strides is None else conform_output(env[oid], strides) for oid, strides in self.output_recipe]
 
     def __post_init__(self):

@@ -50,7 +50,7 @@ class RegionRunner:
         key = spec_key(args)
         plan = self.plans.get(key) or self.plan_for(args)
         out = plan.run(args)
-        if not self.fast_tried:
+        if not self.fast_tried and plan.settled():  # not while kernels compile in workers
             self.fast_tried = True
             self.fast = straight_line(plan, key)
         return out

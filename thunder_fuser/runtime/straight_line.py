@@ -111,6 +111,8 @@ class _Writer:
         region = plan.region
         if plan.error is not None:
             raise _Unfit("the plan raises")
+        if plan.laid_out:
+            raise _Unfit("a kernel that failed to compile left its layout to the reference backend")
         params = []
         for i, v in enumerate(region.inputs):
             name = f"a{i}"

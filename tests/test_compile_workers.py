@@ -1,0 +1,206 @@
+"""Kernels compiled in worker processes while a plan's first call runs on the reference
+backend (``kernels/compile_workers.py``): the first call's results are eager's, its
+outputs in the layouts the kernels give them; from the second call every kernel runs, and
+a kernel that fails to build falls back with its warning, never a wrong result.
+
+On the CPU the workers compile real kernels to PTX (``CUTE_DSL_ARCH=sm_90a``) into the
+disk cache; the plan's side runs with a stand-in compiler whose "kernels" run the lowered
+programs with torch (``torch_eval``), so that the order of queueing, waiting and launching
+is checked end to end."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+import thunder
+import torch
+
+from benchmarks.workloads import TransformerBlock, rope
+from helpers import check_vs_eager, planned_parts, plans
+from thunder_fuser import explain, fuser_ex
+from thunder_fuser.kernels import backend, cache, compile_workers, segment_kernel
+from thunder_fuser.kernels.backend import KernelFallbackWarning
+from thunder_fuser.kernels.torch_eval import run_program
+from thunder_fuser.runtime import plan as plan_mod
+from thunder_fuser.runtime.region_runner import RegionRunner
+
+
+@pytest.fixture
+def workers(monkeypatch, tmp_path):
+    """Two workers compiling for sm_90a into a fresh disk cache; stopped afterwards."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("THUNDER_FUSER_COMPILE_WORKERS", "2")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path))
+    cache.clear_memory()
+    yield
+    compile_workers.shutdown()
+    cache.clear_memory()
+
+
+def _some_parts() -> list:
+    x = torch.randn(64, 256)
+    return (planned_parts(lambda a: torch.softmax(a, -1), (x,))
+            + planned_parts(lambda a, w: torch.nn.functional.rms_norm(a, (256,), w), (x, torch.randn(256)))
+            + planned_parts(lambda a: torch.nn.functional.silu(a) * 3, (x,)))
+
+
+def test_workers_compile_the_queued_kernels_and_the_caller_loads_them_from_disk(workers):
+    parts = _some_parts()
+    assert [segment_kernel.compile_program(p.prog, p.geo, None, defer=True) for p in parts] == [None] * len(parts)
+    before = dict(cache.stats)
+    fns = [segment_kernel.compile_program(p.prog, p.geo, None) for p in parts]
+    assert all(fn is not None for fn in fns)
+    assert cache.stats["compiled"] == before["compiled"]  # none compiled here
+    assert cache.stats["loaded"] == before["loaded"] + len(parts)
+    # queued again: in memory now, so nothing is queued and it is returned at once
+    assert segment_kernel.compile_program(parts[0].prog, parts[0].geo, None, defer=True) is fns[0]
+
+
+def test_a_dead_worker_leaves_its_kernels_to_the_caller(workers, monkeypatch):
+    monkeypatch.setattr(compile_workers, "COMMAND", [sys.executable, "-c", "pass"])  # exits at once
+    (part,) = _some_parts()[:1]
+    assert segment_kernel.compile_program(part.prog, part.geo, None, defer=True) is None
+    before = cache.stats["compiled"]
+    assert segment_kernel.compile_program(part.prog, part.geo, None) is not None
+    assert cache.stats["compiled"] == before + 1  # compiled here after all
+    assert compile_workers._broken and "died" in compile_workers._broken[0]
+    (other,) = _some_parts()[1:2]
+    assert segment_kernel.compile_program(other.prog, other.geo, None, defer=True) is not None  # no more queueing
+
+
+class _StandIn:
+    """``compile_members`` for the plan's side on the CPU: ``defer`` queues (returns None);
+    otherwise a launch function that runs the programs with torch. Counts both, and fails
+    the programs of ``fail`` (a family name) when built."""
+
+    def __init__(self, fail: str | None = None):
+        self.queued, self.launches, self.fail = 0, 0, fail
+
+    def __call__(self, members, device, defer=False, directory=None):
+        if defer:
+            self.queued += 1
+            return None
+        if self.fail and any(prog.family == self.fail for prog, _ in members):
+            raise RuntimeError(f"{self.fail} kernel failed to build")
+
+        def launch(views, *extra):
+            self.launches += 1
+            for (prog, geo), v in zip(members, views if len(members) > 1 else (views,)):
+                run_program(prog, geo, v)
+
+        return launch
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    monkeypatch.setattr(plan_mod, "kernel_mode", lambda env, region: "cute")
+    monkeypatch.setattr(segment_kernel, "FILL_NAN", True)  # an unwritten element fails
+    compiler = _StandIn()
+    monkeypatch.setattr(segment_kernel, "compile_members", compiler)
+    return compiler
+
+
+def _runners(jfn) -> list:
+    traces = [thunder.last_traces(jfn)[-1]] + thunder.last_backward_traces(jfn)[-1:]
+    return [v for t in traces for v in t.python_ctx().values() if isinstance(v, RegionRunner)]
+
+
+def test_the_first_call_runs_on_the_reference_backend_while_its_kernels_compile(stand_in):
+    """RoPE's q and k share one launch: queued as one kernel, its members' own never built."""
+    args = [torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(8, 16), torch.randn(8, 16)]
+    jfn = thunder.jit(rope, executors=[fuser_ex])
+    torch.testing.assert_close(jfn(*args), rope(*args))
+    assert stand_in.launches == 0 and stand_in.queued == 1
+    (runner,) = _runners(jfn)
+    assert runner.fast is None  # written once the kernels are built
+    for _ in range(2):
+        args = [torch.randn_like(a) for a in args]
+        torch.testing.assert_close(jfn(*args), rope(*args))
+    assert stand_in.launches == 2 and stand_in.queued == 1
+    assert runner.fast is not None
+    assert "one launch with segment" in explain(jfn)
+
+
+def test_a_training_step_matches_eager_from_its_first_call(stand_in):
+    """Forward and backward of a transformer block: the first call's segments run on the
+    reference backend in the kernels' layouts, which later kernels of the same plans read."""
+    torch.manual_seed(0)
+    block = TransformerBlock(64, 4)
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    jfn = thunder.jit(block, executors=[fuser_ex])
+    for step in range(3):
+        x.grad = None
+        for p in block.parameters():
+            p.grad = None
+        got = jfn(x)
+        got.sum().backward()
+        got_grads = [x.grad] + [p.grad for p in block.parameters()]
+        x.grad = None
+        for p in block.parameters():
+            p.grad = None
+        want = block(x)
+        want.sum().backward()
+        want_grads = [x.grad] + [p.grad for p in block.parameters()]
+        torch.testing.assert_close(got, want)
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+        if step == 0:
+            assert stand_in.launches == 0 and stand_in.queued > 0
+    assert stand_in.launches > 0
+    assert all(r.fast is not None for r in _runners(jfn))
+
+
+def test_a_kernel_that_fails_to_build_in_a_later_call_falls_back_with_one_warning(monkeypatch, stand_in):
+    compiler = _StandIn(fail="rows")
+    monkeypatch.setattr(segment_kernel, "compile_members", compiler)
+    backend.forget_warnings()
+
+    def f(x, w):
+        y = torch.nn.functional.gelu(x) * w
+        return torch.softmax(y, -1) + 1, (y * 2).sum(0)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_vs_eager(f, torch.randn(16, 64), torch.randn(64))
+        jfn, _ = check_vs_eager(f, torch.randn(16, 64), torch.randn(64))
+    msgs = [str(w.message) for w in caught if issubclass(w.category, KernelFallbackWarning)]
+    assert msgs and all("rows kernel failed to build" in m for m in msgs), msgs
+    assert any(p.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))
+
+
+@pytest.mark.cuda
+def test_a_training_step_on_the_gpu_with_kernels_from_worker_processes(monkeypatch, tmp_path):
+    """Real kernels: the first step on the reference backend while two workers compile them
+    for this GPU, the next ones on the kernels loaded from the disk cache (none compiled in
+    this process), every step against eager."""
+    monkeypatch.setenv("THUNDER_FUSER_COMPILE_WORKERS", "2")
+    monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path))
+    monkeypatch.setattr(segment_kernel, "FILL_NAN", True)
+    cache.clear_memory()
+    try:
+        torch.manual_seed(0)
+        block = TransformerBlock(256, 4).cuda()
+        x = torch.randn(2, 64, 256, device="cuda", requires_grad=True)
+        jfn = thunder.jit(block, executors=[fuser_ex])
+        before = dict(cache.stats)
+        for _ in range(3):
+            got, want = [], []
+            for fn, out in ((jfn, got), (block, want)):
+                x.grad = None
+                for p in block.parameters():
+                    p.grad = None
+                y = fn(x)
+                y.square().mean().backward()
+                out += [y, x.grad] + [p.grad for p in block.parameters()]
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, atol=2e-4, rtol=2e-4)
+        assert cache.stats["queued"] > before["queued"]
+        assert cache.stats["compiled"] == before["compiled"]
+        assert cache.stats["loaded"] >= before["loaded"] + cache.stats["queued"] - before["queued"]
+        assert all(r.fast is not None for r in _runners(jfn))
+    finally:
+        compile_workers.shutdown()
+        cache.clear_memory()

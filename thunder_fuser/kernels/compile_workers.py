@@ -1,0 +1,205 @@
+"""Kernels compiled side by side in worker processes, while a plan's first call runs on the
+reference backend.
+
+A model's first step compiles 20-40 kernels at 0.2-0.8 s each, one after another: about
+15 s of a 30 s first call of a litgpt step on the H100. CuTe DSL cannot compile in two
+threads of one process (its MLIR context belongs to the thread that made it: a second
+thread fails with "An MLIR function requires a Location"), so the kernels compile in
+worker processes instead. At a plan's first call a kernel that is neither in memory nor in
+the disk cache is queued here and its segment runs on the reference backend for that call
+(its outputs copied into the kernel's layout, ``SegmentKernel.conform``); the whole step
+queues its kernels before any is waited for. A later call waits for the kernels it runs
+and loads them from the disk cache, where the worker wrote them (``cache.py``). A kernel a
+worker failed to build is compiled in the calling process, which then raises what the
+worker hit, so the failure reaches the usual fallback and its warning.
+
+Workers are ``python -m thunder_fuser.kernels.compile_workers`` subprocesses, not a
+``multiprocessing`` pool: a spawned pool re-runs the user's main script in every worker.
+A job travels as a pickle of the kernel's programs and geometries, framed by its length.
+``THUNDER_FUSER_COMPILE_WORKERS=N`` sets how many (default: up to 8, two CPU cores kept
+for the process that trains; ``0`` compiles in the calling process, at the first call, as
+before). They start at the first kernel queued and stay until the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+
+from thunder_fuser.kernels import cache, progress
+
+_jobs: queue.Queue = queue.Queue()
+_pending: dict[str, Future] = {}
+_workers: list[subprocess.Popen] = []
+_lock = threading.Lock()
+_broken: list[str] = []  # why workers stopped (one died): from then on the calling process compiles
+
+
+def count() -> int:
+    """How many workers compile kernels (0: none, the calling process compiles)."""
+    v = os.environ.get("THUNDER_FUSER_COMPILE_WORKERS")
+    if v is not None and v.strip():
+        return max(0, int(v))
+    return min(8, max(0, (os.cpu_count() or 1) - 2))
+
+
+def submit(key, members: list, arch: str) -> bool:
+    """Queue the kernel ``key`` (its programs and geometries, ``members``) for a worker;
+    False where there is nothing to wait for: it is in memory or on disk, or workers are off."""
+    digest = cache.key_digest(key)
+    if digest in _pending:
+        return True
+    if count() == 0 or _broken or not cache.disk_cache_on() or cache.cached(digest):
+        return False  # (a worker's kernel reaches the caller through the disk cache only)
+    portable = _portable(members)
+    if portable is None:
+        return False
+    with _lock:
+        while len(_workers) < count():
+            _start_worker()
+    fut: Future = Future()
+    _pending[digest] = fut
+    _jobs.put((pickle.dumps((digest, portable, arch, str(cache.cache_dir()))), fut))
+    cache.stats["queued"] += 1
+    progress.report(cache.stats, f"queued for {count()} worker processes")
+    return True
+
+
+def _portable(members: list) -> list | None:
+    """The members as they travel: a geometry finds its loads' operands by the loads'
+    ``id``, which a pickle does not keep, so each load's slot goes beside it by position
+    (None where some slot belongs to no load of the program: compiled by the caller)."""
+    out = []
+    for prog, geo in members:
+        slots = [geo.load_slot.get(id(ld)) for ld in prog.loads]
+        if len({id(ld) for ld in prog.loads}) != len(geo.load_slot) or None in slots:
+            return None
+        out.append((prog, geo, slots))
+    return out
+
+
+def _rebuilt(portable: list) -> list:
+    """The members again, in the worker (``_portable``)."""
+    for prog, geo, slots in portable:
+        geo.load_slot = {id(ld): s for ld, s in zip(prog.loads, slots)}
+    return [(prog, geo) for prog, geo, _ in portable]
+
+
+def wait(key) -> None:
+    """Block until a worker has finished ``key`` where one was given it (its kernel is then
+    on disk, or the calling process compiles it and raises what the worker hit)."""
+    fut = _pending.pop(cache.key_digest(key), None)
+    if fut is not None:
+        try:
+            fut.result(timeout=WAIT_S)
+        except TimeoutError:  # a stuck worker: the caller compiles it
+            pass
+
+
+WAIT_S = 600.0
+
+
+COMMAND = [sys.executable, "-m", "thunder_fuser.kernels.compile_workers"]
+
+
+def _start_worker() -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env["THUNDER_FUSER_COMPILE_WORKERS"] = "0"
+    proc = subprocess.Popen(COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env)
+    _workers.append(proc)
+    threading.Thread(target=_feed, args=(proc,), daemon=True, name="thunder_fuser compile worker").start()
+
+
+def _feed(proc: subprocess.Popen) -> None:
+    """One worker's jobs, one at a time: send, then read its answer (None, or the error's
+    text). A worker that dies fails its job; the waiting call then compiles it itself."""
+    while True:
+        job, fut = _jobs.get()
+        if job is None:  # ``shutdown``
+            return
+        try:
+            _write(proc.stdin, job)
+            error = pickle.loads(_read(proc.stdout))
+        except Exception as e:  # noqa: BLE001 - a dead worker: every queued job falls to the caller
+            _broken.append(f"a compile worker died: {type(e).__name__}: {e}")
+            fut.set_result(_broken[-1])
+            _fail_queued(_broken[-1])
+            return
+        fut.set_result(error)
+
+
+def _fail_queued(why: str) -> None:
+    """Answer every job still queued with ``why``: their callers compile them."""
+    while True:
+        try:
+            job, fut = _jobs.get_nowait()
+        except queue.Empty:
+            return
+        if job is None:
+            _jobs.put((None, None))  # another feeder's stop: leave it for that feeder
+            return
+        fut.set_result(why)
+
+
+def _write(f, data: bytes) -> None:
+    f.write(struct.pack("<Q", len(data)) + data)
+    f.flush()
+
+
+def _read(f) -> bytes:
+    head = f.read(8)
+    if len(head) < 8:
+        raise EOFError("worker closed its pipe")
+    (n,) = struct.unpack("<Q", head)
+    return f.read(n)
+
+
+@atexit.register
+def shutdown() -> None:
+    """Stop the workers (each exits at the end of its input) and forget their state; the
+    next kernel queued starts new ones."""
+    with _lock:
+        _fail_queued("the compile workers were shut down")
+        for _ in _workers:
+            _jobs.put((None, None))
+        for proc in _workers:
+            try:
+                proc.stdin.close()
+                proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - a stuck worker is killed
+                proc.kill()
+        _workers.clear()
+        _broken.clear()
+
+
+def _serve() -> None:
+    """The worker's loop: compile each job into the disk cache, answer None or the error."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever the compiler prints must not reach the answers' pipe
+    from thunder_fuser.kernels import segment_kernel
+
+    while True:
+        try:
+            digest, portable, arch, directory = pickle.loads(_read(sys.stdin.buffer))
+        except EOFError:
+            return
+        os.environ["CUTE_DSL_ARCH"] = arch
+        error = None
+        try:
+            segment_kernel.compile_members(_rebuilt(portable), None, directory=directory)
+        except Exception as e:  # noqa: BLE001 - reported; the caller compiles it again and raises
+            error = f"{type(e).__name__}: {e}"[:500]
+        cache.clear_memory()
+        _write(out, pickle.dumps(error))
+
+
+if __name__ == "__main__":
+    _serve()
