@@ -178,6 +178,7 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
             return res
         times = _time_steps(fn, module, idx, targets, steps)
         res["step_ms"] = round(statistics.median(times), 3)
+        res["step_ms_each"] = [round(t, 2) for t in times]
         res["tokens_per_s"] = round(batch_size * seq / res["step_ms"] * 1000)
         if torch.cuda.is_available():
             gc.collect()

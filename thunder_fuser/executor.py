@@ -9,12 +9,14 @@ the region IR.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
 import torch
 from thunder.core import dtypes, prims, utils
 from thunder.core.proxies import Proxy, TensorProxy, unvariableify
+from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
 from thunder.core.transform_common import dce
@@ -34,6 +36,8 @@ from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_
 from thunder_fuser.ir.ops import SUPPORTED
 from thunder_fuser.ir.reshape_first import reshape_first
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
+from thunder_fuser.kernels import compile_workers
+from thunder_fuser.kernels.backend import cute_available
 from thunder_fuser.layout import matmul_reads
 from thunder_fuser.printing import op_line, segment_lines
 from thunder_fuser.runtime.region_runner import RegionRunner, region_runner
@@ -144,6 +148,8 @@ class FuserExecutor(FusionExecutor):
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
         trace = with_alias_guard(trace)
+        if _on_cuda(trace):  # their start (imports: seconds) overlaps the rest of the first call
+            compile_workers.start()
         producers, consumers = utils.producers_and_consumers(trace)
 
         def _should_fuse(a: Node, b: Node) -> bool:
@@ -189,6 +195,17 @@ class FuserExecutor(FusionExecutor):
 # by symbol name: the same for thunder's torch-level symbols, its prims and the torch
 # executor's implementations, which is what the trace holds by the time fusion passes run
 _MATMUL_NAMES = {"matmul": "matmul", "bmm": "matmul", "linear": "linear"}
+
+
+def _on_cuda(trace: TraceCtx) -> bool:
+    """Does the trace take a CUDA tensor, with CuTe kernels possible?"""
+    if os.environ.get("THUNDER_FUSER_KERNELS", "auto") not in ("auto", "cute"):
+        return False
+    try:
+        args = tree_flatten((trace.args, trace.kwargs))[0]
+    except TypeError:  # an argument pytree cannot flatten: no early start (the first kernel starts them)
+        return False
+    return any(isinstance(a, TensorProxy) and a.device.type == "cuda" for a in args) and cute_available()
 
 
 def _matmul_calls(bsyms):

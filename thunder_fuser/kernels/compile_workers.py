@@ -18,7 +18,8 @@ Workers are ``python -m thunder_fuser.kernels.compile_workers`` subprocesses, no
 A job travels as a pickle of the kernel's programs and geometries, framed by its length.
 ``THUNDER_FUSER_COMPILE_WORKERS=N`` sets how many (default: up to 8, two CPU cores kept
 for the process that trains; ``0`` compiles in the calling process, at the first call, as
-before). They start at the first kernel queued and stay until the process exits.
+before). They start when the fusion pass meets a trace that takes CUDA tensors (their
+imports take seconds, which then overlap thunder's work) and stay until the process exits.
 """
 
 from __future__ import annotations
@@ -61,15 +62,22 @@ def submit(key, members: list, arch: str) -> bool:
     portable = _portable(members)
     if portable is None:
         return False
-    with _lock:
-        while len(_workers) < count():
-            _start_worker()
+    start()
     fut: Future = Future()
     _pending[digest] = fut
     _jobs.put((pickle.dumps((digest, portable, arch, str(cache.cache_dir()))), fut))
     cache.stats["queued"] += 1
     progress.report(cache.stats, f"queued for {count()} worker processes")
     return True
+
+
+def start() -> None:
+    """Start the workers now (the fusion pass does, where a trace takes CUDA tensors)."""
+    if count() == 0 or _broken or not cache.disk_cache_on():
+        return
+    with _lock:
+        while len(_workers) < count():
+            _start_worker()
 
 
 def _portable(members: list) -> list | None:
@@ -112,6 +120,7 @@ COMMAND = [sys.executable, "-m", "thunder_fuser.kernels.compile_workers"]
 def _start_worker() -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     env["THUNDER_FUSER_COMPILE_WORKERS"] = "0"
+    env["CUDA_VISIBLE_DEVICES"] = ""  # compiling for ``arch`` needs no GPU: no CUDA context per worker
     proc = subprocess.Popen(COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             env=env)
     _workers.append(proc)
