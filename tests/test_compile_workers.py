@@ -163,6 +163,24 @@ def test_a_training_step_matches_eager_from_its_first_call(stand_in, monkeypatch
     assert all(r.fast is not None for r in _runners(jfn))
 
 
+def test_a_segment_whose_reference_run_holds_much_memory_compiles_at_the_first_call(stand_in, monkeypatch):
+    """A loss over a vocabulary: on the reference backend its fp32 upcast of the logits would
+    be alive for the whole segment, so its kernels are built at once, not queued."""
+    import torch.nn.functional as F
+
+    def loss(x, t):
+        return F.cross_entropy(x.float(), t)
+
+    x, t = torch.randn(64, 512, dtype=torch.bfloat16), torch.randint(0, 512, (64,))
+    monkeypatch.setattr(plan_mod, "REFERENCE_BYTES_TO_DEFER", 64 * 512 * 4 - 1)  # below the upcast logits
+    jfn = thunder.jit(loss, executors=[fuser_ex])
+    torch.testing.assert_close(jfn(x, t), loss(x, t))
+    assert stand_in.launches > 0  # at the first call
+    big = [s for p in plans(thunder.last_traces(jfn)[-1]) for s in p.segments
+           if plan_mod.reference_bytes(s) > plan_mod.REFERENCE_BYTES_TO_DEFER]
+    assert big
+
+
 def test_a_kernel_that_fails_to_build_in_a_later_call_falls_back_with_one_warning(monkeypatch, stand_in):
     compiler = _StandIn(fail="rows")
     monkeypatch.setattr(segment_kernel, "compile_members", compiler)

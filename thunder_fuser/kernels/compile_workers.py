@@ -8,7 +8,9 @@ thread fails with "An MLIR function requires a Location"), so the kernels compil
 worker processes instead. At a plan's first call a kernel that is neither in memory nor in
 the disk cache is queued here and its segment runs on the reference backend for that call
 (its outputs copied into the kernel's layout, ``SegmentKernel.conform``); the whole step
-queues its kernels before any is waited for. A later call waits for the kernels it runs
+queues its kernels before any is waited for. A segment whose reference run would hold much
+memory (a loss's fp32 logits: ``plan.REFERENCE_BYTES_TO_DEFER``) compiles at once instead,
+so the first step's memory stays near the kernels'. A later call waits for the kernels it runs
 and loads them from the disk cache, where the worker wrote them (``cache.py``). A kernel a
 worker failed to build is compiled in the calling process, which then raises what the
 worker hit, so the failure reaches the usual fallback and its warning.
@@ -39,6 +41,7 @@ from thunder_fuser.kernels import cache, progress
 _jobs: queue.Queue = queue.Queue()
 _pending: dict[str, Future] = {}
 _workers: list[subprocess.Popen] = []
+_feeders: list[threading.Thread] = []  # one thread per worker: sends its jobs, reads its answers
 _lock = threading.Lock()
 _broken: list[str] = []  # why workers stopped (one died): from then on the calling process compiles
 
@@ -124,7 +127,9 @@ def _start_worker() -> None:
     proc = subprocess.Popen(COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             env=env)
     _workers.append(proc)
-    threading.Thread(target=_feed, args=(proc,), daemon=True, name="thunder_fuser compile worker").start()
+    feeder = threading.Thread(target=_feed, args=(proc,), daemon=True, name="thunder_fuser compile worker")
+    _feeders.append(feeder)
+    feeder.start()
 
 
 def _feed(proc: subprocess.Popen) -> None:
@@ -185,7 +190,12 @@ def shutdown() -> None:
                 proc.wait(timeout=5)
             except Exception:  # noqa: BLE001 - a stuck worker is killed
                 proc.kill()
+        for feeder in _feeders:  # each has read its last answer and taken its stop
+            feeder.join(timeout=5)
+        for proc in _workers:
+            proc.stdout.close()
         _workers.clear()
+        _feeders.clear()
         _broken.clear()
 
 

@@ -14,6 +14,7 @@ import torch
 
 from thunder_fuser import debug
 from thunder_fuser.backends import reference
+from thunder_fuser.ir.ops import METADATA
 from thunder_fuser.ir.region import Region
 from thunder_fuser.kernels.backend import KERNEL_KINDS, _device_of, kernel_mode, warn_fallback
 from thunder_fuser.kernels.segment_kernel import SegmentKernel, launch_group
@@ -27,6 +28,20 @@ from thunder_fuser.segment.transpose import transpose_segments
 from thunder_fuser.segment.views import fresh_values
 
 _UNSET = object()
+
+# a segment whose reference run holds more than this beyond its outputs compiles at the
+# first call rather than run on the reference backend while a worker compiles it: the first
+# step's memory stays near the kernels' (a loss's fp32 logits would add 2 GiB at a 128k
+# vocabulary)
+REFERENCE_BYTES_TO_DEFER = 256 * 2**20
+
+
+def reference_bytes(seg: Segment) -> int:
+    """What the reference backend holds at once, beyond the outputs, running ``seg``: every
+    op's result but views (a segment's values live until it ends)."""
+    outs = {id(v) for v in seg.outputs}
+    return sum(v.numel * v.dtype.itemsize for n in seg.nodes if n.op not in METADATA for v in n.outputs
+               if v.is_tensor and id(v) not in outs and isinstance(v.dtype, torch.dtype))
 
 _OVERLAP_MSG = (
     "unsupported operation: more than one element of the written-to tensor refers to a single memory "
@@ -76,8 +91,13 @@ class Plan:
 
     def _prepared(self, seg: Segment, mode: str, env, compile_now: bool) -> SegmentKernel:
         k = SegmentKernel(seg, self.orders, mode)
-        k.prepare(env, _device_of(env, self.region), compile_now, defer=not self.called)
+        k.prepare(env, _device_of(env, self.region), compile_now, defer=self._may_defer([seg]))
         return k
+
+    def _may_defer(self, segs: list) -> bool:
+        """May these segments' kernels compile in workers while the reference backend runs
+        them (the plan's first call, none holding much memory there)?"""
+        return not self.called and all(reference_bytes(s) <= REFERENCE_BYTES_TO_DEFER for s in segs)
 
     def _built(self, seg: Segment, k: SegmentKernel, defer: bool = False):
         """``k`` with its kernels built (waiting for the workers that compile them; ``defer``:
@@ -115,7 +135,7 @@ class Plan:
         made, so all can be built now, their own launches not compiled yet) as one launch, or
         None (the reason kept for explain)."""
         ks = [self.kernels[s.index] if s.index in self.kernels else self._kernel_for(s, env, False) for s in step]
-        g, why = launch_group(ks, defer=not self.called)
+        g, why = launch_group(ks, defer=self._may_defer(step))
         self.groups[step[0].index] = g
         if g is None:
             self.apart[step[0].index] = why
@@ -149,7 +169,7 @@ class Plan:
         for seg in step:
             k = self.kernels.get(seg.index)
             if k is not None:
-                self._built(seg, k, defer=not self.called)
+                self._built(seg, k, defer=self._may_defer([seg]))
 
     def run(self, args):
         if self.error is not None:
