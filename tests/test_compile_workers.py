@@ -87,6 +87,7 @@ class _StandIn:
     def __call__(self, members, device, defer=False, directory=None):
         if defer and (self.some is None or self.some.random() < 0.5):
             self.queued += 1
+            cache.stats["queued"] += 1  # as ``compile_workers.submit`` counts
             return None
         if self.fail and any(prog.family == self.fail for prog, _ in members):
             raise RuntimeError(f"{self.fail} kernel failed to build")
@@ -246,3 +247,35 @@ def test_a_training_step_on_the_gpu_with_kernels_from_worker_processes(monkeypat
     finally:
         compile_workers.shutdown()
         cache.clear_memory()
+
+
+def test_a_graph_is_captured_only_after_a_call_that_queued_nothing(stand_in):
+    """``graphed`` with one warm-up call: that call queues the kernels (its plans run on the
+    reference backend), so the next runs as it is too, building them; only the third
+    captures, recording kernels, never the reference backend."""
+    from test_decode import _decode_step
+    from test_graphs import RecordingGraphs, _weights
+
+    import thunder_fuser
+    from thunder_fuser.graphs import graphed
+
+    ws = _weights()
+    g = graphed(thunder.jit(_decode_step, executors=thunder_fuser.executors()), warmup=1, backend=RecordingGraphs())
+    ours, theirs = [torch.zeros(1, 4, 16, 16) for _ in range(2)], [torch.zeros(1, 4, 16, 16) for _ in range(2)]
+    seen = []
+    for pos in range(5):
+        x, at = torch.randn(1, 1, 64), torch.tensor([pos])
+        torch.testing.assert_close(g(x, *ours, at, *ws), _decode_step(x, *theirs, at, *ws))
+        for c, w in zip(ours, theirs):
+            torch.testing.assert_close(c, w)
+        seen.append((g.queued_last, g.captures, stand_in.launches > 0))
+    assert seen[:3] == [(True, 0, False), (False, 0, True), (False, 1, True)], seen
+
+
+def test_nothing_is_queued_while_paused(monkeypatch):
+    """(a CUDA graph's capture: ``graphs.py``)"""
+    monkeypatch.setenv("THUNDER_FUSER_COMPILE_WORKERS", "3")
+    with compile_workers.paused():
+        assert compile_workers.count() == 0
+        assert not compile_workers.submit(("a key",), [], "sm_90a")
+    assert compile_workers.count() == 3

@@ -20,7 +20,9 @@ the caller holds it, not in a copy the graph made. ``graphed(step)`` wraps any s
 * captures allocate from one private memory pool; ``captured_bytes`` says how much.
 
 The first ``warmup`` calls run the step as it is (they trace, compile kernels and show which
-inputs keep their address). Outputs are the graph's own tensors, cloned on return so the
+inputs keep their address), and so does any call after one that queued kernels for worker
+processes (``kernels/compile_workers.py``: its plans ran on the reference backend, and the
+next call builds their kernels outside a capture). Outputs are the graph's own tensors, cloned on return so the
 next replay cannot change what the caller holds. ``backend`` is what captures and replays:
 CUDA graphs by default; the tests give a recording stand-in on the CPU.
 """
@@ -31,6 +33,8 @@ import warnings
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from thunder_fuser.kernels import cache, compile_workers
 
 
 MAX_GRAPHS = 16  # graphs one step keeps; beyond, a new shape or address runs without one
@@ -90,6 +94,7 @@ class GraphedStep:
         self.moves: dict[int, int] = {}  # flat index -> how often an input read in place moved
         self.ungraphed: dict = {}  # key -> why that call runs without a graph
         self.captures = 0
+        self.queued_last = False  # did the last call run as it is queue kernels for workers?
 
     @property
     def captured_bytes(self) -> int:
@@ -99,9 +104,13 @@ class GraphedStep:
         flat, spec = tree_flatten((args, kwargs))
         tensors = {i: t for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
         self.calls += 1
-        if self.calls <= self.warmup:
+        if self.calls <= self.warmup or self.queued_last:
             self._note_addresses(tensors)
-            return self.step(*args, **kwargs)
+            before = cache.stats["queued"]
+            out = self.step(*args, **kwargs)
+            # kernels still compiling in workers: the next call runs as it is too, building them
+            self.queued_last = cache.stats["queued"] != before
+            return out
         self._note_moves(tensors)
         key = self._key(flat, tensors, spec)
         if key in self.ungraphed:
@@ -190,7 +199,8 @@ class GraphedStep:
         backend = self.backend or CudaGraphs()
         self.backend = backend
         inputs = [static.get(i, t) for i, t in tensors.items()]
-        replay, out, nbytes = backend.capture(lambda: self.step(*args, **kwargs), inputs)
+        with compile_workers.paused():  # a plan first met here builds its kernels, so they are captured
+            replay, out, nbytes = backend.capture(lambda: self.step(*args, **kwargs), inputs)
         self.captures += 1
         return _Graph(replay, tree_flatten(out), static, nbytes)
 

@@ -27,6 +27,7 @@ imports take seconds, which then overlap thunder's work) and stay until the proc
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import queue
@@ -46,8 +47,24 @@ _lock = threading.Lock()
 _broken: list[str] = []  # why workers stopped (one died): from then on the calling process compiles
 
 
+_paused = [0]  # ``paused`` depth
+
+
+@contextlib.contextmanager
+def paused():
+    """Nothing is queued inside: a plan's first call compiles its kernels and runs them (a
+    CUDA graph's capture, which must record the kernels, not the reference backend)."""
+    _paused[0] += 1
+    try:
+        yield
+    finally:
+        _paused[0] -= 1
+
+
 def count() -> int:
     """How many workers compile kernels (0: none, the calling process compiles)."""
+    if _paused[0]:
+        return 0
     v = os.environ.get("THUNDER_FUSER_COMPILE_WORKERS")
     if v is not None and v.strip():
         return max(0, int(v))
