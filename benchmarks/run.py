@@ -23,6 +23,11 @@ import time
 import traceback
 import warnings
 
+# a workload's first call is checked against eager and timed as its compile: kernels
+# compile in this process then, not in workers while the reference backend runs it (the
+# loss benchmark, benchmarks/cross_entropy.py, imports this module before any call too)
+os.environ.setdefault("THUNDER_FUSER_COMPILE_WORKERS", "0")
+
 import torch
 
 import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
