@@ -130,6 +130,16 @@ def test_the_first_call_runs_on_the_reference_backend_while_its_kernels_compile(
     assert "one launch with segment" in explain(jfn)
 
 
+def _block_step(fn, block, x) -> list:
+    """The output of ``fn(x)`` and the gradients of ``x`` and of ``block``'s parameters."""
+    x.grad = None
+    for p in block.parameters():
+        p.grad = None
+    y = fn(x)
+    y.square().mean().backward()
+    return [y, x.grad] + [p.grad for p in block.parameters()]
+
+
 @pytest.mark.parametrize("some", [None, 0, 1], ids=["every kernel queued", "half queued", "another half"])
 def test_a_training_step_matches_eager_from_its_first_call(stand_in, monkeypatch, some):
     """Forward and backward of a transformer block: the first call's segments run on the
@@ -143,20 +153,7 @@ def test_a_training_step_matches_eager_from_its_first_call(stand_in, monkeypatch
     x = torch.randn(2, 16, 64, requires_grad=True)
     jfn = thunder.jit(block, executors=[fuser_ex])
     for step in range(3):
-        x.grad = None
-        for p in block.parameters():
-            p.grad = None
-        got = jfn(x)
-        got.sum().backward()
-        got_grads = [x.grad] + [p.grad for p in block.parameters()]
-        x.grad = None
-        for p in block.parameters():
-            p.grad = None
-        want = block(x)
-        want.sum().backward()
-        want_grads = [x.grad] + [p.grad for p in block.parameters()]
-        torch.testing.assert_close(got, want)
-        for g, w in zip(got_grads, want_grads):
+        for g, w in zip(_block_step(jfn, block, x), _block_step(block, block, x)):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
         if step == 0:
             assert stand_in.queued > 0 and (stand_in.launches == 0) == (some is None)
@@ -230,15 +227,7 @@ def test_a_training_step_on_the_gpu_with_kernels_from_worker_processes(monkeypat
         jfn = thunder.jit(block, executors=[fuser_ex])
         before = dict(cache.stats)
         for _ in range(3):
-            got, want = [], []
-            for fn, out in ((jfn, got), (block, want)):
-                x.grad = None
-                for p in block.parameters():
-                    p.grad = None
-                y = fn(x)
-                y.square().mean().backward()
-                out += [y, x.grad] + [p.grad for p in block.parameters()]
-            for g, w in zip(got, want):
+            for g, w in zip(_block_step(jfn, block, x), _block_step(block, block, x)):
                 torch.testing.assert_close(g, w, atol=2e-4, rtol=2e-4)
         assert cache.stats["queued"] > before["queued"]
         assert cache.stats["compiled"] == before["compiled"]
