@@ -22,8 +22,8 @@ the caller holds it, not in a copy the graph made. ``graphed(step)`` wraps any s
 The first ``warmup`` calls run the step as it is (they trace, compile kernels and show which
 inputs keep their address), and so does any call after one that queued kernels for worker
 processes (``kernels/compile_workers.py``: its plans ran on the reference backend, and the
-next call builds their kernels outside a capture). Outputs are the graph's own tensors, cloned on return so the
-next replay cannot change what the caller holds. ``backend`` is what captures and replays:
+next call builds their kernels outside a capture). Outputs are the graph's own tensors,
+cloned on return so the next replay cannot change what the caller holds. ``backend`` is what captures and replays:
 CUDA graphs by default; the tests give a recording stand-in on the CPU.
 """
 

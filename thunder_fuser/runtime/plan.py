@@ -43,6 +43,7 @@ def reference_bytes(seg: Segment) -> int:
     return sum(v.numel * v.dtype.itemsize for n in seg.nodes if n.op not in METADATA for v in n.outputs
                if v.is_tensor and id(v) not in outs and isinstance(v.dtype, torch.dtype))
 
+
 _OVERLAP_MSG = (
     "unsupported operation: more than one element of the written-to tensor refers to a single memory "
     "location. Please clone() the tensor before performing the operation."
