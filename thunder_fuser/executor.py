@@ -38,6 +38,7 @@ from thunder_fuser.ir.reshape_first import reshape_first
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
 from thunder_fuser.kernels import compile_workers
 from thunder_fuser.kernels.backend import cute_available
+from thunder_fuser.kernels.segment_kernel import arch_of
 from thunder_fuser.layout import matmul_reads
 from thunder_fuser.printing import op_line, segment_lines
 from thunder_fuser.runtime.region_runner import RegionRunner, region_runner
@@ -149,7 +150,7 @@ class FuserExecutor(FusionExecutor):
 
         trace = with_alias_guard(trace)
         if _on_cuda(trace):  # their start (imports: seconds) overlaps the rest of the first call
-            compile_workers.start()
+            compile_workers.start(os.environ.get("CUTE_DSL_ARCH") or arch_of(torch.device("cuda")))
         producers, consumers = utils.producers_and_consumers(trace)
 
         def _should_fuse(a: Node, b: Node) -> bool:

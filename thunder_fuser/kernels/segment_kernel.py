@@ -361,7 +361,7 @@ def compile_members(members: list, device, defer: bool = False, directory=None):
     from thunder_fuser.kernels.partials import fake_workspace
     from thunder_fuser.kernels.pointwise import build_pointwise_group
 
-    arch = os.environ.get("CUTE_DSL_ARCH") or _arch(device)
+    arch = os.environ.get("CUTE_DSL_ARCH") or arch_of(device)
     texts = tuple((prog.family, _program_text(prog, geo), geo.signature()) for prog, geo in members)
     key = ("v1", texts[0], arch) if len(members) == 1 else ("group v1", texts, arch)
 
@@ -393,7 +393,8 @@ def _sm_count(device) -> int:
     return 132  # an H100 SXM: what CI's PTX compile and the CPU check assume
 
 
-def _arch(device) -> str:
+def arch_of(device) -> str:
+    """The GPU architecture kernels are compiled for: the device's, or an H100's off a GPU."""
     if device is not None and getattr(device, "type", None) == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
