@@ -268,5 +268,5 @@ def test_nothing_is_queued_while_paused(monkeypatch):
     monkeypatch.setenv("THUNDER_FUSER_COMPILE_WORKERS", "3")
     with compile_workers.paused():
         assert compile_workers.count() == 0
-        assert not compile_workers.submit(("a key",), [], "sm_90a")
+        assert not compile_workers.submit("a digest", [], "sm_90a")
     assert compile_workers.count() == 3

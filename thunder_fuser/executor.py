@@ -9,7 +9,6 @@ the region IR.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 
@@ -37,7 +36,7 @@ from thunder_fuser.ir.ops import SUPPORTED
 from thunder_fuser.ir.reshape_first import reshape_first
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
 from thunder_fuser.kernels import compile_workers
-from thunder_fuser.kernels.backend import cute_available
+from thunder_fuser.kernels.backend import cute_on
 from thunder_fuser.kernels.segment_kernel import arch_of
 from thunder_fuser.layout import matmul_reads
 from thunder_fuser.printing import op_line, segment_lines
@@ -150,7 +149,7 @@ class FuserExecutor(FusionExecutor):
 
         trace = with_alias_guard(trace)
         if _on_cuda(trace):  # their start (imports: seconds) overlaps the rest of the first call
-            compile_workers.start(os.environ.get("CUTE_DSL_ARCH") or arch_of(torch.device("cuda")))
+            compile_workers.start(arch_of(torch.device("cuda")))
         producers, consumers = utils.producers_and_consumers(trace)
 
         def _should_fuse(a: Node, b: Node) -> bool:
@@ -199,14 +198,12 @@ _MATMUL_NAMES = {"matmul": "matmul", "bmm": "matmul", "linear": "linear"}
 
 
 def _on_cuda(trace: TraceCtx) -> bool:
-    """Does the trace take a CUDA tensor, with CuTe kernels possible?"""
-    if os.environ.get("THUNDER_FUSER_KERNELS", "auto") not in ("auto", "cute"):
-        return False
+    """Does the trace take a CUDA tensor, with CuTe kernels on?"""
     try:
         args = tree_flatten((trace.args, trace.kwargs))[0]
     except TypeError:  # an argument pytree cannot flatten: no early start (the first kernel starts them)
         return False
-    return any(isinstance(a, TensorProxy) and a.device.type == "cuda" for a in args) and cute_available()
+    return any(isinstance(a, TensorProxy) and a.device.type == "cuda" for a in args) and cute_on("cuda")
 
 
 def _matmul_calls(bsyms):

@@ -43,15 +43,17 @@ def cute_available() -> bool:
 
 
 def kernel_mode(env, region) -> str | None:
-    choice = os.environ.get("THUNDER_FUSER_KERNELS", "auto")
-    if choice == "off":
-        return None
-    if choice == "torch":
+    if os.environ.get("THUNDER_FUSER_KERNELS", "auto") == "torch":
         return "torch"
     dev = _device_of(env, region)
-    if dev is not None and dev.type == "cuda" and (choice == "cute" or cute_available()):
-        return "cute"
-    return None
+    return "cute" if dev is not None and cute_on(dev.type) else None
+
+
+def cute_on(device_type: str) -> bool:
+    """Do CuTe kernels run on a device of this type (``THUNDER_FUSER_KERNELS``: ``auto``,
+    the default, where the DSL imports; ``cute``; ``torch`` or ``off``: never)?"""
+    choice = os.environ.get("THUNDER_FUSER_KERNELS", "auto")
+    return device_type == "cuda" and (choice == "cute" or (choice == "auto" and cute_available()))
 
 
 class KernelFallbackWarning(UserWarning):

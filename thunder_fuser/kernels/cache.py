@@ -60,11 +60,12 @@ def cached(digest: str) -> bool:
     return digest in _memory or (disk_cache_on() and (cache_dir() / f"tf_{digest}.o").exists())
 
 
-def get_or_compile(key, build, directory: Path | None = None):
+def get_or_compile(key, build, directory: Path | None = None, digest: str | None = None):
     """The callable for ``key``: from memory, from disk, or ``build()`` (which returns a
     compiled TVM-FFI function) then exported to disk (``directory``: a worker writes where
-    the process that queued the kernel reads, ``compile_workers.py``)."""
-    digest = key_digest(key)
+    the process that queued the kernel reads, ``compile_workers.py``; ``digest``: the key's,
+    where the caller has it)."""
+    digest = digest or key_digest(key)
     fn = _memory.get(digest)
     if fn is not None:
         stats["hits"] += 1

@@ -71,14 +71,20 @@ def count() -> int:
     return min(8, max(0, (os.cpu_count() or 1) - 2))
 
 
-def submit(key, members: list, arch: str) -> bool:
-    """Queue the kernel ``key`` (its programs and geometries, ``members``) for a worker;
-    False where there is nothing to wait for: it is in memory or on disk, or workers are off."""
-    digest = cache.key_digest(key)
+def _available() -> bool:
+    """Are workers wanted and usable? (A worker's kernel reaches the caller through the
+    disk cache only.)"""
+    return count() > 0 and not _broken and cache.disk_cache_on()
+
+
+def submit(digest: str, members: list, arch: str) -> bool:
+    """Queue the kernel of key ``digest`` (its programs and geometries, ``members``) for a
+    worker; False where there is nothing to wait for: it is in memory or on disk, or
+    workers are off."""
     if digest in _pending:
         return True
-    if count() == 0 or _broken or not cache.disk_cache_on() or cache.cached(digest):
-        return False  # (a worker's kernel reaches the caller through the disk cache only)
+    if not _available() or cache.cached(digest):
+        return False
     portable = _portable(members)
     if portable is None:
         return False
@@ -96,7 +102,7 @@ def start(arch: str) -> None:
     compiling a kernel that does nothing for ``arch`` while it waits for its first job: CuTe
     DSL's own start (0.6 of a first kernel's 0.9 s on the CPU machine) then overlaps
     thunder's work rather than the first step's kernels."""
-    if count() == 0 or _broken or not cache.disk_cache_on():
+    if not _available():
         return
     with _lock:
         while len(_workers) < count():
@@ -123,10 +129,10 @@ def _rebuilt(portable: list) -> list:
     return [(prog, geo) for prog, geo, _ in portable]
 
 
-def wait(key) -> None:
-    """Block until a worker has finished ``key`` where one was given it (its kernel is then
-    on disk, or the calling process compiles it and raises what the worker hit)."""
-    fut = _pending.pop(cache.key_digest(key), None)
+def wait(digest: str) -> None:
+    """Block until a worker has finished the kernel of key ``digest`` where one was given it
+    (it is then on disk, or the calling process compiles it and raises what the worker hit)."""
+    fut = _pending.pop(digest, None)
     if fut is not None:
         try:
             fut.result(timeout=WAIT_S)

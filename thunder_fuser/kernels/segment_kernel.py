@@ -11,6 +11,7 @@ the CPU test-suite checks lowering and geometry end to end.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -353,15 +354,13 @@ def compile_members(members: list, device, defer: bool = False, directory=None):
     """The launch function of these (program, geometry) pairs; None where ``defer`` queued
     it for a worker process (``compile_workers.py``), which writes it to the disk cache
     (``directory``, in the worker)."""
-    import os
-
     # the DSL is imported only to compile (the CPU check of lowering runs without it)
     from thunder_fuser.kernels.cute_memory import fake_operands
     from thunder_fuser.kernels.launch import build_launch
     from thunder_fuser.kernels.partials import fake_workspace
     from thunder_fuser.kernels.pointwise import build_pointwise_group
 
-    arch = os.environ.get("CUTE_DSL_ARCH") or arch_of(device)
+    arch = arch_of(device)
     texts = tuple((prog.family, _program_text(prog, geo), geo.signature()) for prog, geo in members)
     key = ("v1", texts[0], arch) if len(members) == 1 else ("group v1", texts, arch)
 
@@ -381,10 +380,11 @@ def compile_members(members: list, device, defer: bool = False, directory=None):
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
         return cute.compile(launch, *args, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)
 
-    if defer and compile_workers.submit(key, members, arch):
+    digest = cache.key_digest(key)
+    if defer and compile_workers.submit(digest, members, arch):
         return None
-    compile_workers.wait(key)
-    return cache.get_or_compile(key, build, directory)
+    compile_workers.wait(digest)
+    return cache.get_or_compile(key, build, directory, digest)
 
 
 def _sm_count(device) -> int:
@@ -394,7 +394,10 @@ def _sm_count(device) -> int:
 
 
 def arch_of(device) -> str:
-    """The GPU architecture kernels are compiled for: the device's, or an H100's off a GPU."""
+    """The GPU architecture kernels are compiled for: ``CUTE_DSL_ARCH``, else the device's,
+    else an H100's (off a GPU)."""
+    if os.environ.get("CUTE_DSL_ARCH"):
+        return os.environ["CUTE_DSL_ARCH"]
     if device is not None and getattr(device, "type", None) == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
