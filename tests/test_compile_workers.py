@@ -63,6 +63,19 @@ def test_workers_compile_the_queued_kernels_and_the_caller_loads_them_from_disk(
     assert segment_kernel.compile_program(parts[0].prog, parts[0].geo, None, defer=True) is fns[0]
 
 
+def test_a_worker_imports_the_kernels_without_thunder():
+    """A worker's imports are on the first kernel's path: thunder's (8 s on the H100's host)
+    are not among them."""
+    import subprocess
+
+    probe = compile_workers._BOOTSTRAP.replace(
+        "_serve(sys.argv[2])",
+        "import thunder_fuser.ir.region, thunder_fuser.kernels.segment_kernel; print('thunder' in sys.modules)")
+    out = subprocess.run(compile_workers.COMMAND[:2] + [probe] + compile_workers.COMMAND[3:] + ["sm_90a"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_a_dead_worker_leaves_its_kernels_to_the_caller(workers, monkeypatch):
     monkeypatch.setattr(compile_workers, "COMMAND", [sys.executable, "-c", "pass"])  # exits at once
     (part,) = _some_parts()[:1]

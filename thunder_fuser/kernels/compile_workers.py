@@ -15,7 +15,7 @@ and loads them from the disk cache, where the worker wrote them (``cache.py``). 
 worker failed to build is compiled in the calling process, which then raises what the
 worker hit, so the failure reaches the usual fallback and its warning.
 
-Workers are ``python -m thunder_fuser.kernels.compile_workers`` subprocesses, not a
+Workers are ``python -c`` subprocesses (``COMMAND``) that serve ``_serve``, not a
 ``multiprocessing`` pool: a spawned pool re-runs the user's main script in every worker.
 A job travels as a pickle of the kernel's programs and geometries, framed by its length.
 ``THUNDER_FUSER_COMPILE_WORKERS=N`` sets how many (default: up to 8, two CPU cores kept
@@ -143,7 +143,16 @@ def wait(digest: str) -> None:
 WAIT_S = 600.0
 
 
-COMMAND = [sys.executable, "-m", "thunder_fuser.kernels.compile_workers"]
+# A worker imports the kernel modules without the package's ``__init__``, which imports
+# thunder: 8 of a worker's 15 s of imports on the H100 machine's host (torch 5-7 s, CuTe DSL
+# 1 s), so a worker started at the fusion pass was still importing when its first kernel came.
+# The bootstrap stands an empty package in for ``thunder_fuser`` with the real one's path.
+_BOOTSTRAP = (
+    "import sys, types; p = types.ModuleType('thunder_fuser'); p.__path__ = [sys.argv[1]]; "
+    "sys.modules['thunder_fuser'] = p; "
+    "from thunder_fuser.kernels.compile_workers import _serve; _serve(sys.argv[2])"
+)
+COMMAND = [sys.executable, "-c", _BOOTSTRAP, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 
 def _start_worker(arch: str) -> None:
@@ -266,5 +275,3 @@ def _serve(arch: str) -> None:
         _write(out, pickle.dumps(error))
 
 
-if __name__ == "__main__":
-    _serve(sys.argv[1])
