@@ -127,21 +127,54 @@ def _loss_regions(jfn):
     return fw, bw
 
 
-def test_one_row_kernel_forward_one_pointwise_backward_and_only_row_statistics_saved():
-    """The forward's reductions over the classes are one row segment; the backward over the
-    logits one pointwise segment; nothing of size [rows, classes] in fp32 is saved for
-    backward or stored in either pass."""
+def _big_outputs(trace, n, c) -> list:
+    return [o for p in plans(trace) for o in p.region.outputs if o.is_tensor and o.numel >= n * c]
+
+
+@pytest.mark.parametrize("upcast", [False, True])
+def test_a_reduced_loss_writes_its_gradient_in_the_forward_row_kernel(upcast):
+    """Two passes over the logits: the forward's reductions over the classes and the gradient
+    for a cotangent of one are one row kernel, which writes the gradient in the logits' dtype
+    (through an upcast too: ``narrow_loss_gradient.py``); the backward only scales it
+    (``fuser_scale_unless_one``, which the trace says). Nothing of [rows, classes] in fp32 is
+    stored, and the one bf16 tensor of that size saved for backward is the gradient."""
+    n, c = 32, 3000
+    x, t, _ = _problem(n, c, dtype=torch.bfloat16)
+    fn = (lambda x, t: F.cross_entropy(x.float(), t)) if upcast else (lambda x, t: F.cross_entropy(x, t))
+    xs = x.detach().clone().requires_grad_()
+    jfn = thunder.jit(fn, executors=[fuser_ex])
+    jfn(xs, t).backward()
+    ref = x.detach().double().requires_grad_()
+    fn(ref, t).backward()
+    torch.testing.assert_close(xs.grad.double(), ref.grad, atol=1e-4, rtol=2e-2)
+    fw, bw = _loss_regions(jfn)
+    segs = [s for p in plans(fw) for s in p.segments if s.kind != "view"]
+    rows = [s for s in segs if s.kind == "normalization" and s.domain == (n, c)]
+    assert len(rows) == 1 and [s for s in segs if s.domain == (n, c)] == rows, [s.describe() for s in segs]
+    assert [(o.dtype, o.shape) for o in _big_outputs(fw, n, c)] == [(torch.bfloat16, (n, c))]
+    assert not [s for p in plans(bw) for s in p.segments if s.domain == (n, c) and s.kind != "view"]
+    assert _big_outputs(bw, n, c) == []
+    assert "fuser_scale_unless_one" in str(bw) and "written by its forward for a cotangent of one" in str(bw)
+    assert "nll_loss_backward" not in str(bw) and "take_along" not in str(fw)
+
+
+def test_a_loss_per_row_computes_its_gradient_in_one_pointwise_backward():
+    """Three passes where the cotangent is per row (``reduction="none"``): the forward's row
+    kernel saves per-row statistics only, the backward computes the gradient from the logits
+    again in one pointwise kernel; nothing of size [rows, classes] in fp32 is saved or
+    stored in either pass."""
     n, c = 32, 3000
     x, t, _ = _problem(n, c, dtype=torch.bfloat16)
     x.requires_grad_()
-    jfn = thunder.jit(cross_entropy, executors=[fuser_ex])
-    jfn(x, t, None).backward()
+    jfn = thunder.jit(lambda x, t: F.cross_entropy(x, t, reduction="none"), executors=[fuser_ex])
+    jfn(x, t).sum().backward()
     fw, bw = _loss_regions(jfn)
     segs = [s for p in plans(fw) for s in p.segments]
     rows = [s for s in segs if s.kind == "normalization" and s.domain == (n, c)]
     assert len(rows) == 1, [s.describe() for s in segs]
     big = [s for s in segs if s.domain == (n, c) and s.kind != "view"]
     assert big == rows, [s.describe() for s in big]
+    assert _big_outputs(fw, n, c) == []
     bsegs = [s for p in plans(bw) for s in p.segments if s.domain == (n, c) and s.kind != "view"]
     assert [s.kind for s in bsegs] == ["pointwise"], [s.describe() for s in bsegs]
     for trace in (fw, bw):
@@ -149,7 +182,6 @@ def test_one_row_kernel_forward_one_pointwise_backward_and_only_row_statistics_s
             for o in p.region.outputs:
                 if o.is_tensor and o.dtype == torch.float32:
                     assert o.numel < n * c, f"{o.name} {o.shape} fp32 of the logits' size in {p.region.name}"
-    assert "nll_loss_backward" not in str(bw) and "take_along" not in str(fw)
 
 
 def test_the_forward_reads_each_row_once():
@@ -169,15 +201,20 @@ def _loads(ptx: str) -> list:
     return re.findall(r"ld\.global[.\w]*", ptx)
 
 
-def _backward_parts(fn, args) -> list:
+def _backward_parts(fn, args, traces=thunder.last_backward_traces) -> list:
     """The kernel parts of the backward regions of ``fn`` on ``args`` (the torch backend plans
     them on the CPU)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("THUNDER_FUSER_KERNELS", "torch")
         jfn = thunder.jit(fn, executors=[fuser_ex])
         jfn(*args).backward()
-    trace = thunder.last_backward_traces(jfn)[-1]
+    trace = traces(jfn)[-1]
     return [part for p in plans(trace) for _, k in sorted(p.kernels.items()) if k for part in k.parts]
+
+
+def _forward_parts(fn, args) -> list:
+    """The kernel parts of the forward regions of a training step of ``fn``."""
+    return _backward_parts(fn, args, thunder.last_traces)
 
 
 @pytest.mark.parametrize("vocab", [4096, 32000, 50257])
@@ -196,7 +233,7 @@ def test_loss_kernels_compile_to_ptx_one_pass_each_way(vocab, ptx_compile):
     n = 256
     x = torch.randn(n, vocab, dtype=torch.bfloat16, requires_grad=True)
     t = torch.randint(0, vocab, (n,))
-    fn = lambda x, t: F.cross_entropy(x, t)  # noqa: E731
+    fn = lambda x, t: F.cross_entropy(x, t, reduction="none").sum()  # noqa: E731 - three passes
     (fwd,) = [p for p in planned_parts(fn, (x.detach(), t)) if p.prog.domain == (n, vocab)]
     ptx = ptx_text(segment_kernel.compile_program(fwd.prog, fwd.geo, None))
     # a looped row's step is emitted twice: unmasked inside the row, masked after it
@@ -208,6 +245,13 @@ def test_loss_kernels_compile_to_ptx_one_pass_each_way(vocab, ptx_compile):
     (bwd,) = [p for p in _backward_parts(fn, (x, t)) if p.prog.domain == (n, vocab)]
     ptx = ptx_text(segment_kernel.compile_program(bwd.prog, bwd.geo, None))
     assert bwd.prog.family == "pointwise" and bwd.geo.vector == 8 and "st.global.v4.b32" in ptx
+    # two passes (a mean): the forward's row kernel stores the gradient in whole vectors, and
+    # no backward kernel reads the logits
+    fn = lambda x, t: F.cross_entropy(x, t)  # noqa: E731
+    (fwd,) = [p for p in _forward_parts(fn, (x, t)) if p.prog.domain == (n, vocab)]
+    ptx = ptx_text(segment_kernel.compile_program(fwd.prog, fwd.geo, None))
+    assert fwd.prog.family == "rows" and fwd.geo.vector == 8 and re.search(r"st\.global(\.cs)?\.v4\.b32", ptx)
+    assert not [p for p in _backward_parts(fn, (x, t)) if p.prog.domain == (n, vocab)]
 
 
 @pytest.fixture
@@ -271,7 +315,8 @@ def test_a_models_loss_is_one_row_kernel_whatever_thunder_orders_first():
     targets = torch.randint(0, 512, (2, 32))
     targets[:, :3] = -100
     jfn = _check(lambda x, t, w: loss_of(x, t), logits, targets, None, 1e-5)
-    segs = [s for p in plans(thunder.last_traces(jfn)[-1]) for s in p.segments if s.domain == (64, 512)]
+    segs = [s for p in plans(thunder.last_traces(jfn)[-1]) for s in p.segments
+            if s.domain == (64, 512) and s.kind != "view"]
     assert [s.kind for s in segs] == ["normalization"], [s.describe() for s in segs]
     assert all(not p.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))
 
@@ -281,7 +326,8 @@ def test_transformers_loss_upcast_before_the_flatten_is_one_row_kernel():
     labels padded and shifted. The upcast once had the 3-D domain and was stored: an fp32 copy
     of the logits, and the iota of the target compare beside it (1.2 GB each for Qwen2 at
     2 x 1024 tokens on the H100). Now the reshape moves onto the bf16 logits, the upcast and
-    the iota join the row kernel, and nothing of ``[tokens, vocab]`` is stored forward."""
+    the iota join the row kernel, and nothing of ``[tokens, vocab]`` is stored forward but
+    the gradient, in bf16 (the upcast's narrowing moved into the forward through the view)."""
     def hf_loss(logits, labels):
         logits = logits.float()
         labels = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
@@ -294,6 +340,6 @@ def test_transformers_loss_upcast_before_the_flatten_is_one_row_kernel():
     torch.testing.assert_close(loss, hf_loss(logits, labels))
     fw = thunder.last_traces(jfn)[-1]
     big = [o for p in plans(fw) for s in p.segments if s.kind != "view" for o in s.outputs if o.numel >= 64 * 512]
-    assert big == [], big
+    assert [(o.dtype, o.shape) for o in big] == [(torch.bfloat16, (64, 512))], big
     segs = [s for p in plans(fw) for s in p.segments if s.domain == (64, 512)]
     assert [s.kind for s in segs] == ["normalization"], [s.describe() for s in segs]

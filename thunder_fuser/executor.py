@@ -27,7 +27,9 @@ from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.dead_inputs import dead_inputs
 from thunder_fuser.input_aliases import with_alias_guard
+from thunder_fuser.narrow_loss_gradient import narrow_loss_gradients
 from thunder_fuser.rematerialize import rematerialize_if_safe, writes_in_place
+from thunder_fuser.rules.cross_entropy import APART, SCALE_UNLESS_ONE
 from thunder_fuser.rules.cross_entropy import register as register_losses
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
@@ -96,6 +98,8 @@ class FuserExecutor(FusionExecutor):
         # rule does not cover (probability targets) must not look fusible as a whole
         if bsym.sym.id in self._owned:
             return self.can_execute(bsym)
+        if bsym.sym.id in (SCALE_UNLESS_ONE, APART):  # an op of its own between regions (a kernel apart)
+            return False
         return self._can_fuse_prims(bsym)
 
     def _can_fuse_prims(self, bsym: BoundSymbol) -> bool:
@@ -148,6 +152,7 @@ class FuserExecutor(FusionExecutor):
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
         trace = with_alias_guard(trace)
+        trace = narrow_loss_gradients(trace)
         if _on_cuda(trace):  # their start (imports: seconds) overlaps the rest of the first call
             compile_workers.start(arch_of(torch.device("cuda")))
         producers, consumers = utils.producers_and_consumers(trace)

@@ -119,17 +119,25 @@ def _reduced(per_row, reduction: str, denominator, vector: bool):
     return total if reduction == "sum" else ltorch.true_divide(total, denominator)
 
 
-def _cross_entropy_parts(a, target, weight, ignore_index, reduction, label_smoothing):
-    """(loss in fp32, what backward needs)."""
+def _cross_entropy_parts(a, target, weight, ignore_index, reduction, label_smoothing, count_first=False):
+    """(loss in fp32, what backward needs). ``count_first``: the rows that count are counted
+    in a region of their own, ahead of the row kernel, which may then scale the gradient it
+    writes by their number (``cross_entropy_grad``)."""
+    count = None
+    if count_first:
+        # the targets go through the same op, so that nothing else computed from them (the
+        # compare per element, [N, C]) joins that region and travels to the row kernel
+        count, target = _apart(ltorch.sum(_Rows(a, target, weight, ignore_index).target_weight()), target)
     rows = _Rows(a, target, weight, ignore_index)
+    wt = rows.target_weight()  # [N]
+    if count is None:
+        count = ltorch.sum(wt)  # the rows that count, weighted (nll_loss's denominator)
     # the target's logit first: the segmenter then has a row reduction of x to add the
     # logsumexp's max to (a row kernel over x), where the compare alone is a pointwise segment
     picked = rows.picked(rows.x)
-    wt = rows.target_weight()  # [N]
     lse = ltorch.logsumexp(rows.x, 1)  # [N]; its max and sum taken online
     nll = ltorch.mul(ltorch.sub(lse, picked), wt)
     eps = float(label_smoothing)
-    count = ltorch.sum(wt)  # the rows that count, weighted (nll_loss's denominator)
     if eps == 0.0:
         loss = _reduced(nll, reduction, count, rows.vector)
         return loss, (rows, lse, wt, count, None)
@@ -165,35 +173,54 @@ def _row_cotangent(g, reduction: str, rows: _Rows):
 
 def cross_entropy_grad(a, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                        reduction="mean", label_smoothing=0.0):
+    """Three passes over the logits where the loss is per row (``reduction="none"``: the
+    cotangent is a row's, so the backward computes the gradient from the logits again); two
+    where it is reduced to one number: the forward writes the gradient for a cotangent of
+    one, in the logits' dtype, while it has the row (``scale_unless_one`` is the backward)."""
+    # a mean's gradient needs the number of rows that count before the row kernel writes it:
+    # counted ahead, from the targets alone; with class weights that count is a pass over
+    # the rows of its own, so a weighted mean keeps three passes
+    two_pass = reduction == "sum" or (reduction == "mean" and weight is None)
     loss, (rows, lse, wt, count, total_w) = _cross_entropy_parts(
-        a, target, weight, ignore_index, reduction, label_smoothing)
+        a, target, weight, ignore_index, reduction, label_smoothing, count_first=two_pass and reduction == "mean")
     out = ltorch.to(loss, a.dtype)
-    g = _row_cotangent(get_grad(out), reduction, rows)  # [N, 1]
-    # the backward computes the fp32 logits and the compare again from the logits and the
-    # targets: saved, they would be [N, C] (fp32 and bool) where the rows' statistics are [N]
-    rows = _Rows(a, target, weight, ignore_index)
     eps = float(label_smoothing)
+    if not two_pass:
+        g = _row_cotangent(get_grad(out), reduction, rows)  # [N, 1]
+        # the backward computes the fp32 logits and the compare again from the logits and the
+        # targets: saved, they would be [N, C] (fp32 and bool) where the rows' statistics are [N]
+        rows = _Rows(a, target, weight, ignore_index)
+        grad = ltorch.to(_logits_gradient(rows, lse, wt, count, total_w, reduction, eps, g), a.dtype)
+    else:
+        ones = _logits_gradient(rows, lse, wt, count, total_w, reduction, eps, None)
+        grad = _scale_unless_one(ltorch.to(ones, a.dtype), ltorch.to(ltorch.reshape(get_grad(out), (1,)), dtypes.float32))
+    put_grad(a, ltorch.squeeze(grad, 0) if rows.vector else grad)
+    return out
+
+
+def _logits_gradient(rows: _Rows, lse, wt, count, total_w, reduction: str, eps: float, g):
+    """The loss's gradient over the logits, fp32 ``[N, C]``, for the row cotangents ``g``
+    (``[N, 1]``; None: one)."""
+    def times_g(v):
+        return v if g is None else ltorch.mul(g, v)
+
     p = ltorch.exp(ltorch.sub(rows.x, ltorch.unsqueeze(lse, 1)))  # softmax, [N, C]
     nll_scale = ltorch.unsqueeze(wt, 1)  # [N, 1]: the target's weight where the row counts
     if reduction == "mean":
         nll_scale = ltorch.true_divide(nll_scale, count)
-    a_scale = ltorch.mul(g, nll_scale if eps == 0.0 else ltorch.mul(nll_scale, 1.0 - eps))
+    a_scale = times_g(nll_scale if eps == 0.0 else ltorch.mul(nll_scale, 1.0 - eps))
     onehot = ltorch.to(rows.hit, dtypes.float32)
     if eps == 0.0:
-        grad = ltorch.mul(ltorch.sub(p, onehot), a_scale)
-    else:
-        b_scale = ltorch.mul(g, ltorch.unsqueeze(rows.valid, 1))
-        b_scale = ltorch.mul(b_scale, eps / rows.c)
-        if reduction == "mean":
-            b_scale = ltorch.true_divide(b_scale, count)
-        w = 1.0 if rows.w is None else ltorch.unsqueeze(rows.w, 0)
-        grad = ltorch.sub(
-            ltorch.sub(ltorch.mul(p, ltorch.add(a_scale, ltorch.mul(b_scale, total_w))), ltorch.mul(onehot, a_scale)),
-            ltorch.mul(b_scale, w),
-        )
-    grad = ltorch.to(grad, a.dtype)
-    put_grad(a, ltorch.squeeze(grad, 0) if rows.vector else grad)
-    return out
+        return ltorch.mul(ltorch.sub(p, onehot), a_scale)
+    b_scale = times_g(ltorch.unsqueeze(rows.valid, 1))
+    b_scale = ltorch.mul(b_scale, eps / rows.c)
+    if reduction == "mean":
+        b_scale = ltorch.true_divide(b_scale, count)
+    w = 1.0 if rows.w is None else ltorch.unsqueeze(rows.w, 0)
+    return ltorch.sub(
+        ltorch.sub(ltorch.mul(p, ltorch.add(a_scale, ltorch.mul(b_scale, total_w))), ltorch.mul(onehot, a_scale)),
+        ltorch.mul(b_scale, w),
+    )
 
 
 def nll_loss_forward(a, target, weight=None, ignore_index=None, reduction="mean"):
@@ -221,8 +248,50 @@ def nll_loss_grad(a, target, weight=None, ignore_index=None, reduction="mean"):
     return out
 
 
+SCALE_UNLESS_ONE = "fuser_scale_unless_one"
+APART = "fuser_apart"
+_scale_symbol: list = []  # the symbol, made by ``register``
+
+
+def _apart(*ts):
+    """``ts`` themselves, through an op no fusion claims: what computes them is a region of
+    its own, ahead of the one that reads them."""
+    return _scale_symbol[1](*ts)
+
+
+def _scale_unless_one(grad, g):
+    return _scale_symbol[0](grad, g)
+
+
+def _scale_meta(grad, g):
+    return TensorProxy(like=grad)
+
+
+def _scale_impl(grad, g):
+    from thunder_fuser.kernels.backend import cute_on
+    from thunder_fuser.kernels.scale_unless_one import scale_unless_one_
+
+    return scale_unless_one_(grad, g, use_kernel=cute_on(grad.device.type))
+
+
+def _print_scale(bsym, out_printables, arg_printables, kwarg_printables) -> str:
+    """Says what the op is for where a user reads the backward trace."""
+    from thunder.core import codeutils
+
+    pp = codeutils.prettyprint
+    grad, g = arg_printables
+    return (f"{pp(out_printables, literals_as_underscores=True)} = fuser_scale_unless_one({pp(grad)}, {pp(g)})"
+            "  # the loss's gradient, written by its forward for a cotangent of one (two passes over the"
+            " logits): scaled in place unless the cotangent is one, which the device checks")
+
+
 def register(executor) -> frozenset:
     """Claim ``cross_entropy`` and ``nll_loss`` for ``executor`` with these rules; their ids."""
+    if not _scale_symbol:
+        _scale_symbol.append(executor.register_operator(
+            SCALE_UNLESS_ONE, meta=_scale_meta, fn=_scale_impl, python_printer=_print_scale))
+        _scale_symbol.append(executor.register_operator(
+            APART, meta=lambda *ts: tuple(TensorProxy(like=t) for t in ts), fn=lambda *ts: ts))
     executor.register_supported(ltorch.cross_entropy, cross_entropy_checker,
                                 execution_transform=cross_entropy_forward, grad_transform=cross_entropy_grad)
     executor.register_supported(ltorch.nll_loss, nll_loss_checker,

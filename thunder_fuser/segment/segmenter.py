@@ -282,6 +282,14 @@ def segment_region(region: Region) -> list[Segment]:
 
     recompute_reduction_inputs(region, segments, seg_of)
     _finish(region, segments, seg_of)
+    # a segment nothing reads and that writes nothing in place launches no kernel: thunder's
+    # partition may leave an op in a region whose consumer recomputes it (a loss's upcast
+    # beside the targets' count, ``rules/cross_entropy.py``)
+    live = [seg for seg in segments if seg.outputs or any(seg_kind(n) == "write" for n in seg.nodes)]
+    if len(live) < len(segments):
+        for i, seg in enumerate(live):
+            seg.index = i
+        segments = live
     return segments
 
 

@@ -1,0 +1,47 @@
+"""``fuser_scale_unless_one`` (``kernels/scale_unless_one.py``): the two-pass cross-entropy's
+backward scales the gradient its forward wrote, in place, unless the cotangent is one,
+which the kernel checks on the device (no host sync)."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from thunder_fuser.kernels.scale_unless_one import build, scale_unless_one_
+
+
+@pytest.mark.parametrize("g", [1.0, 0.25, -3.0])
+def test_on_the_cpu_the_host_decides(g):
+    x = torch.randn(7, 13)
+    expected = x * g
+    out = scale_unless_one_(x, torch.tensor([g]), use_kernel=False)
+    assert out is x
+    torch.testing.assert_close(x, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 8), (torch.float32, 4), (torch.float64, 2), (torch.float16, 1)])
+def test_the_kernel_exits_on_a_one_and_moves_whole_vectors(dtype, v, ptx_compile, tmp_path):
+
+    fn = build(dtype, v, "sm_90a")
+    ptx = fn.artifacts.PTX
+    ptx = Path(ptx).read_text() if ptx.endswith(".ptx") else ptx
+    assert re.search(r"setp\.(eq|ne)\.f32\s+%p\d+, %r\d+, 0f3F800000", ptx), "no compare of the cotangent with one"
+    width = {8: "v4.b32", 4: "v4.b32", 2: "v2.b64", 1: "b16"}[v]
+    assert f"ld.global.{width}" in ptx and f"st.global.{width}" in ptx, re.findall(r"(?:ld|st)\.global[.\w]*", ptx)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("numel", [1, 7, 4096, 1000003])
+@pytest.mark.parametrize("g", [1.0, 0.5, float("nan")])
+def test_on_the_gpu_against_torch(dtype, numel, g):
+    x = torch.randn(numel, device="cuda").to(dtype)
+    expected = x if g == 1.0 else (x.to(torch.float64) * g).to(dtype)
+    before = x.clone()
+    out = scale_unless_one_(x, torch.tensor([g], device="cuda"), use_kernel=True)
+    assert out is x
+    if g == 1.0:
+        torch.testing.assert_close(x, before, atol=0, rtol=0)
+    else:
+        torch.testing.assert_close(x, expected, equal_nan=True, atol=1e-6, rtol=1e-2 if dtype != torch.float64 else 1e-12)

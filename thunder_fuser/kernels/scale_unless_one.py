@@ -1,0 +1,86 @@
+"""``x *= g`` in place, where ``g`` is a one-element fp32 tensor on the device, skipped on
+the device when ``g`` is exactly one: the backward of the two-pass cross-entropy
+(``rules/cross_entropy.py``), whose forward already wrote the gradient of a summed or
+averaged loss for a cotangent of one.
+
+A training step's cotangent is one (``loss.backward()``) unless the loss is scaled (gradient
+accumulation, a loss scaler), and only the device knows it. Reading it on the host would
+stop the host at every step until the forward has finished (Liger-Kernel's ``torch.equal``
+does), so the kernel reads it: a grid of a few blocks per SM (a grid-stride loop), each of
+which returns at once on a one, so the skipped backward costs one launch. Otherwise each
+thread scales 16-byte vectors of the flat tensor; a ragged tail (fewer than a vector's
+elements) is a second launch of the same kernel over one element per vector.
+"""
+
+
+import torch
+
+from thunder_fuser.kernels import cache
+
+THREADS = 256
+BLOCKS_PER_SM = 4
+
+
+def scale_unless_one_(x: torch.Tensor, g: torch.Tensor, use_kernel: bool) -> torch.Tensor:
+    """``x`` scaled in place by ``g`` (a one-element fp32 tensor), unless ``g`` is one;
+    ``x`` itself. ``use_kernel``: a CuTe kernel decides on the device; otherwise a tensor on
+    the CPU decides on the host, and one elsewhere is always multiplied (no host sync)."""
+    if x.numel() == 0:
+        return x
+    if not use_kernel or not x.is_contiguous():
+        if x.device.type != "cpu" or g.item() != 1.0:
+            x.mul_(g.to(x.dtype) if x.dtype == torch.float64 else g)
+        return x
+    flat = x.view(-1)
+    v = 16 // x.element_size()
+    whole = flat.numel() // v * v
+    blocks = torch.cuda.get_device_properties(x.device).multi_processor_count * BLOCKS_PER_SM
+    if whole:
+        _compiled(x.dtype, v, _arch(x.device))(flat[:whole].view(-1, v), g, blocks)
+    if whole < flat.numel():
+        _compiled(x.dtype, 1, _arch(x.device))(flat[whole:].view(-1, 1), g, 1)
+    return x
+
+
+def _arch(device) -> str:
+    from thunder_fuser.kernels.segment_kernel import arch_of
+
+    return arch_of(device)
+
+
+def _compiled(dtype: torch.dtype, v: int, arch: str):
+    key = ("scale_unless_one v1", str(dtype), v, arch)
+    return cache.get_or_compile(key, lambda: build(dtype, v, arch))
+
+
+def build(dtype: torch.dtype, v: int, arch: str):
+    """The compiled launch ``fn(x, g, blocks)`` for ``x`` of shape ``[n, v]`` (rows of one
+    16-byte vector where ``v`` fills one, 16-byte aligned) and ``g`` of shape ``[1]``."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from thunder_fuser.kernels.cute_values import cute_dtype
+    from thunder_fuser.kernels.segment_kernel import EXTRA_OPTIONS
+
+    wide = cutlass.Float64 if dtype == torch.float64 else cutlass.Float32  # what the product is taken in
+
+    @cute.kernel
+    def kernel(x: cute.Tensor, g: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        s = g[0]
+        if s != cutlass.Float32(1.0):
+            for i in cutlass.range(bidx * THREADS + tidx, cute.size(x, mode=[0]), gdim * THREADS):
+                row = x[i, None]
+                row.store((row.load().to(wide) * s.to(wide)).to(x.element_type))
+
+    @cute.jit
+    def launch(x: cute.Tensor, g: cute.Tensor, blocks: cutlass.Int32, stream):
+        kernel(x, g).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    fake_x = make_fake_tensor(cute_dtype(dtype), (cute.sym_int32(), v), (v, 1), assumed_align=16 if v > 1 else None)
+    fake_g = make_fake_tensor(cutlass.Float32, (1,), (1,), assumed_align=4)
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(launch, fake_x, fake_g, 0, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)
