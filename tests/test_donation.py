@@ -58,11 +58,16 @@ def _check(fn, x, w, t, steps=3):
 
 
 def test_a_loss_gradient_is_written_over_the_logits_it_read_last(donations):
+    """The two-pass loss writes its gradient in the forward's row kernel, the logits' last
+    reader (``donor_for``: a row kernel's full-domain store is written in its last pass)."""
     def step(x, w, t):
         return F.cross_entropy((x @ w).float(), t)
 
+    jfn = thunder.jit(step, executors=[fuser_ex])
     _check(step, *_problem())
     assert donations and all(donations), donations  # from the second call on, every call
+    _grads(jfn, *_problem(), 2)
+    (row_kernel,) = [r for r in _runners(thunder.last_traces(jfn)[-1]) if "donated(" in r.fast.source]
 
 
 def test_logits_the_caller_holds_are_never_written_over(donations):
@@ -71,9 +76,19 @@ def test_logits_the_caller_holds_are_never_written_over(donations):
         return F.cross_entropy(logits.float(), t), logits
 
     x, w, t = _problem()
+    jfn = thunder.jit(step, executors=[fuser_ex])
     for *_, (loss, logits) in _check(step, x, w, t):
         torch.testing.assert_close(logits, (x @ w).detach())
-    assert not any(donations)
+    _grads(jfn, x, w, t, 2)
+    # the forward, where the logits are read, writes over nothing (the backward may write
+    # over the loss's gradient, which the trace alone holds)
+    assert not [r for r in _runners(thunder.last_traces(jfn)[-1]) if "donated(" in r.fast.source]
+
+
+def _runners(trace) -> list:
+    from thunder_fuser.runtime.region_runner import RegionRunner
+
+    return [r for r in trace.python_ctx().values() if isinstance(r, RegionRunner) and r.fast]
 
 
 def test_logits_the_caller_holds_a_view_of_are_never_written_over(donations):
@@ -120,7 +135,6 @@ def test_an_input_of_the_step_is_never_written_over(donations):
 def test_off_when_asked(monkeypatch, torch_kernels):
     """``THUNDER_FUSER_DONATE=0`` (``runtime/donation.donating``): the generated code allocates."""
     monkeypatch.setenv("THUNDER_FUSER_DONATE", "0")
-    from thunder_fuser.runtime.region_runner import RegionRunner
 
     def step(x, w, t):
         return F.cross_entropy((x @ w).float(), t)
@@ -129,9 +143,8 @@ def test_off_when_asked(monkeypatch, torch_kernels):
     x, w, t = _problem()
     for _ in range(2):
         jfn(x, w, t).backward()
-    ctx = thunder.last_backward_traces(jfn)[-1].python_ctx()
-    runners = [r for r in ctx.values() if isinstance(r, RegionRunner)]
-    assert runners and not any("donated(" in r.fast.source for r in runners if r.fast)
+    runners = _runners(thunder.last_traces(jfn)[-1]) + _runners(thunder.last_backward_traces(jfn)[-1])
+    assert runners and not any("donated(" in r.fast.source for r in runners)
 
 
 def test_an_mlp_step_with_every_dead_intermediate_written_over_matches_eager(donations):

@@ -202,16 +202,25 @@ class _Writer:
                 donors[id(v)] = segments.pop()
         return donors
 
-    def donor_for(self, part, segment, alloc) -> int | None:
-        """A dead input this part's one store may be written over: the part is pointwise
-        (each thread reads its elements before it writes them there, and no other thread
-        touches them), the input has the store's shape, strides and dtype, and every operand
-        of the part that reads it reads it as the store is written."""
-        if (segment is None or part.prog.family != "pointwise" or len(part.prog.stores) != 1 or part.geo.stage
-                or part.prog.select_dims):
+    def donor_for(self, part, segment, alloc, index: int = 0) -> int | None:
+        """A dead input this part's store ``index`` may be written over: each thread reads
+        its elements before it writes them there, and no other thread touches them. So the
+        part is pointwise with one store, or a row kernel of one block per row over rows
+        that are rows of its store (its full-domain stores are written in its last pass
+        over the row: the two-pass loss's gradient over the logits); the input has the
+        store's shape, strides and dtype, and every operand of the part that reads it reads
+        it as the store is written."""
+        geo = part.geo
+        if segment is None or geo.stage or part.prog.select_dims:
+            return None
+        if part.prog.family == "pointwise":
+            if len(part.prog.stores) != 1:
+                return None
+        elif not (part.prog.family == "rows" and not geo.flat and not geo.split_rows and not geo.splits
+                  and not geo.columns):
             return None
         shape, strides, dtype = alloc
-        store = part.geo.operands[part.geo.store_slot[0]]
+        store = geo.operands[geo.store_slot[index]]
         # a piece of a cat or pad reads elsewhere than it writes (another thread's elements)
         shifted = {part.geo.load_slot[id(ld)] for ld in part.prog.loads if ld.shifts}
         for vid, seg in self.donors.items():
@@ -242,7 +251,7 @@ class _Writer:
             if vid not in self.names:
                 self.names[vid] = self.const(t, "iota")
         stores = []
-        for (target, alloc), a in zip(part.store_recipe, part.allocs):
+        for si, ((target, alloc), a) in enumerate(zip(part.store_recipe, part.allocs)):
             if alloc is None:  # an in-place write: into the tensor the destination holds
                 if target not in self.names:
                     raise _Unfit("an in-place destination the code does not hold")
@@ -252,7 +261,7 @@ class _Writer:
             shape, strides, dtype = alloc
             fresh = (f"empty_strided({shape}, {strides}, dtype={self.const(dtype, 'dt')}, "
                      f"device={self.const(k.device, 'dev')})")
-            donor = self.donor_for(part, segment, alloc)
+            donor = self.donor_for(part, segment, alloc, si)
             if donor is None:
                 self.body.append(f"{name} = {fresh}")
             else:  # written over a dead input where only the trace holds it (``runtime/donation.py``)
