@@ -29,7 +29,7 @@ from thunder_fuser.dead_inputs import dead_inputs
 from thunder_fuser.input_aliases import with_alias_guard
 from thunder_fuser.narrow_loss_gradient import narrow_loss_gradients
 from thunder_fuser.rematerialize import rematerialize_if_safe, writes_in_place
-from thunder_fuser.rules.cross_entropy import APART, SCALE_UNLESS_ONE
+from thunder_fuser.rules.cross_entropy import SCALE_UNLESS_ONE
 from thunder_fuser.rules.cross_entropy import register as register_losses
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
@@ -98,7 +98,7 @@ class FuserExecutor(FusionExecutor):
         # rule does not cover (probability targets) must not look fusible as a whole
         if bsym.sym.id in self._owned:
             return self.can_execute(bsym)
-        if bsym.sym.id in (SCALE_UNLESS_ONE, APART):  # an op of its own between regions (a kernel apart)
+        if bsym.sym.id == SCALE_UNLESS_ONE:  # an op of its own between regions (a kernel apart)
             return False
         return self._can_fuse_prims(bsym)
 

@@ -119,19 +119,14 @@ def _reduced(per_row, reduction: str, denominator, vector: bool):
     return total if reduction == "sum" else ltorch.true_divide(total, denominator)
 
 
-def _cross_entropy_parts(a, target, weight, ignore_index, reduction, label_smoothing, count_first=False):
-    """(loss in fp32, what backward needs). ``count_first``: the rows that count are counted
-    in a region of their own, ahead of the row kernel, which may then scale the gradient it
-    writes by their number (``cross_entropy_grad``)."""
-    count = None
-    if count_first:
-        # the targets go through the same op, so that nothing else computed from them (the
-        # compare per element, [N, C]) joins that region and travels to the row kernel
-        count, target = _apart(ltorch.sum(_Rows(a, target, weight, ignore_index).target_weight()), target)
+def _cross_entropy_parts(a, target, weight, ignore_index, reduction, label_smoothing):
+    """(loss in fp32, what backward needs)."""
     rows = _Rows(a, target, weight, ignore_index)
     wt = rows.target_weight()  # [N]
-    if count is None:
-        count = ltorch.sum(wt)  # the rows that count, weighted (nll_loss's denominator)
+    # the rows that count, weighted (nll_loss's denominator), from the targets alone: the
+    # segmenter runs it ahead of the row kernel over the logits (``segmenter._move_first``),
+    # which may then scale the gradient it writes by it (``cross_entropy_grad``)
+    count = ltorch.sum(wt)
     # the target's logit first: the segmenter then has a row reduction of x to add the
     # logsumexp's max to (a row kernel over x), where the compare alone is a pointwise segment
     picked = rows.picked(rows.x)
@@ -182,7 +177,7 @@ def cross_entropy_grad(a, target, weight=None, size_average=None, ignore_index=-
     # the rows of its own, so a weighted mean keeps three passes
     two_pass = reduction == "sum" or (reduction == "mean" and weight is None)
     loss, (rows, lse, wt, count, total_w) = _cross_entropy_parts(
-        a, target, weight, ignore_index, reduction, label_smoothing, count_first=two_pass and reduction == "mean")
+        a, target, weight, ignore_index, reduction, label_smoothing)
     out = ltorch.to(loss, a.dtype)
     eps = float(label_smoothing)
     if not two_pass:
@@ -249,14 +244,7 @@ def nll_loss_grad(a, target, weight=None, ignore_index=None, reduction="mean"):
 
 
 SCALE_UNLESS_ONE = "fuser_scale_unless_one"
-APART = "fuser_apart"
 _scale_symbol: list = []  # the symbol, made by ``register``
-
-
-def _apart(*ts):
-    """``ts`` themselves, through an op no fusion claims: what computes them is a region of
-    its own, ahead of the one that reads them."""
-    return _scale_symbol[1](*ts)
 
 
 def _scale_unless_one(grad, g):
@@ -290,8 +278,6 @@ def register(executor) -> frozenset:
     if not _scale_symbol:
         _scale_symbol.append(executor.register_operator(
             SCALE_UNLESS_ONE, meta=_scale_meta, fn=_scale_impl, python_printer=_print_scale))
-        _scale_symbol.append(executor.register_operator(
-            APART, meta=lambda *ts: tuple(TensorProxy(like=t) for t in ts), fn=lambda *ts: ts))
     executor.register_supported(ltorch.cross_entropy, cross_entropy_checker,
                                 execution_transform=cross_entropy_forward, grad_transform=cross_entropy_grad)
     executor.register_supported(ltorch.nll_loss, nll_loss_checker,

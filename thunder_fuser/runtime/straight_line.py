@@ -41,6 +41,24 @@ def _direct_view(n) -> bool:
             and n.inputs() == [n.args[0]])
 
 
+def _row_major(shape) -> tuple:
+    out, step = [], 1
+    for n in reversed(tuple(shape)):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def _same_memory(m, shape, strides) -> bool:
+    """Does tensor meta ``m`` lie as a store of ``shape`` and ``strides`` would: the same
+    strides, or both row-major over as many elements (the logits ``[b, s, vocab]`` a loss
+    reads as ``[b * s, vocab]``)?"""
+    if tuple(m.shape) == tuple(shape):
+        return tuple(m.stride()) == tuple(strides)
+    return (m.numel() == math.prod(shape) and tuple(m.stride()) == _row_major(m.shape)
+            and tuple(strides) == _row_major(shape))
+
+
 def _reads_as_written(o, store) -> bool:
     """Does operand ``o`` read each element where ``store`` writes it?"""
     return (not o.is_store and o.iota is None and o.offset == 0 and tuple(o.shape) == tuple(store.shape)
@@ -225,7 +243,7 @@ class _Writer:
         shifted = {part.geo.load_slot[id(ld)] for ld in part.prog.loads if ld.shifts}
         for vid, seg in self.donors.items():
             m = self.meta[vid]
-            if seg != segment or tuple(m.shape) != tuple(shape) or m.stride() != tuple(strides) or m.dtype != dtype:
+            if seg != segment or m.dtype != dtype or not _same_memory(m, shape, strides):
                 continue
             on_it = [i for i, (b, _) in enumerate(part.geo.call_views)
                      if not part.base_refs[b][0] and part.base_refs[b][1] == vid]
@@ -266,7 +284,10 @@ class _Writer:
                 self.body.append(f"{name} = {fresh}")
             else:  # written over a dead input where only the trace holds it (``runtime/donation.py``)
                 self.glob["donated"] = donated  # only here: constants are numbered by the globals' count
-                self.body.append(f"{name} = {self.names[donor]} if donated({self.names[donor]}) else {fresh}")
+                over = self.names[donor]
+                if tuple(self.meta[donor].shape) != tuple(shape):  # a row-major reshape of it (a loss's rows)
+                    over = f"{over}.view({tuple(shape)})"
+                self.body.append(f"{name} = {over} if donated({self.names[donor]}) else {fresh}")
             if segment_kernel.FILL_NAN and dtype.is_floating_point:
                 self.body.append(f"{name}.fill_(nan)")
             self.fresh[target] = strides

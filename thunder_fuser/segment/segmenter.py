@@ -22,7 +22,7 @@ from thunder_fuser.ir.ops import METADATA, kind_of, reduction_dims
 from thunder_fuser.ir.region import Node, Region, Value
 from thunder_fuser.segment.domains import iteration_domains
 from thunder_fuser.segment.hazards import WriteHazards
-from thunder_fuser.segment.recompute import recompute_reduction_inputs
+from thunder_fuser.segment.recompute import _cheap, _reading, recompute_reduction_inputs
 
 
 @dataclass(eq=False)
@@ -261,9 +261,13 @@ def segment_region(region: Region) -> list[Segment]:
         return seg
 
     barrier = -1  # index of the newest alias/reference segment: nothing joins before it
+    writes = any(seg_kind(n) in ("write", "alias") for n in region.nodes)
+    producer = {id(o): n for n in region.nodes for o in n.outputs}
     for node in region.nodes:
         k = seg_kind(node)
-        producer_segs = [seg_of[id(v)] for v in node.inputs() if id(v) in seg_of]
+        producer_segs = list({id(seg_of[id(v)]): seg_of[id(v)] for v in node.inputs() if id(v) in seg_of}.values())
+        if len(producer_segs) >= 2 and barrier < 0 and not writes:
+            _hoist_per_row_values(list(producer_segs), segments, seg_of, producer)
         latest = max(producer_segs, key=lambda s: s.index) if producer_segs else None
         target, reason = None, None
         if k == "alias":
@@ -291,6 +295,73 @@ def segment_region(region: Region) -> list[Segment]:
             seg.index = i
         segments = live
     return segments
+
+
+def _hoist_per_row_values(producer_segs: list[Segment], segments: list[Segment], seg_of: dict,
+                          producer: dict) -> None:
+    """Where a node reads values per row of an older segment (its domain's leading dims:
+    a loss's count of the rows that count, from its targets) from a newer segment that
+    depends on nothing at or after that older one, the newer segment moves to run just
+    before it. The node may then join the older segment (a row kernel over the logits,
+    opened first because the logits' view or upcast come first in the trace) and read
+    them in its epilogue, rather than leave that work to a pass of its own. The order
+    stays a topological one; only where no op of the region writes in place."""
+    while len(producer_segs) >= 2:
+        producer_segs.sort(key=lambda sg: sg.index)
+        newer, older = producer_segs[-1], producer_segs[-2]
+        d = tuple(newer.domain)
+        if not (0 < len(d) < len(older.domain) and tuple(older.domain[:len(d)]) == d):
+            return
+        later = [v for sg, v in _reads_from(newer, seg_of) if sg.index >= older.index]
+        # what it reads from those (the targets' flatten and compare, joined to the row kernel
+        # as values per row) it computes again from region inputs, in cheap ops of at most
+        # its size
+        if later and not _recomputed(newer, later, producer, seg_of):
+            return
+        segments.insert(older.index, segments.pop(newer.index))
+        for i, sg in enumerate(segments):
+            sg.index = i
+        producer_segs.remove(newer)
+
+
+def _reads_from(seg: Segment, seg_of: dict) -> list:
+    """(segment, value) for each value ``seg`` reads from another segment."""
+    return [(seg_of[id(v)], v) for n in seg.nodes for v in n.inputs()
+            if seg_of.get(id(v)) not in (None, seg)]
+
+
+def _recomputed(seg: Segment, values: list, producer: dict, seg_of: dict) -> bool:
+    """Clone into ``seg`` (first) the cheap ops that compute ``values`` from region inputs,
+    none larger than ``seg``'s domain, and make ``seg`` read the clones; False (nothing
+    changed) where some value needs more."""
+    cone: dict[int, Node] = {}
+    stack = list(values)
+    limit = _numel(seg.domain)
+    while stack:
+        x = stack.pop()
+        n = producer.get(id(x))
+        if n is None:  # a region input
+            continue
+        if not _cheap(n) or x.numel > limit:
+            return False
+        if id(n) not in cone:
+            cone[id(n)] = n
+            stack.extend(a for a in n.inputs() if a.is_tensor)
+    order = {id(n): i for i, n in enumerate(producer.values())}
+    clones: dict[int, Value] = {}
+    twins = []
+    for n in sorted(cone.values(), key=lambda n: order[id(n)]):
+        out = n.outputs[0]
+        clones[id(out)] = Value(f"{out.name}_h", out.shape, out.dtype, out.is_tensor, out.broadcast_dims)
+        twins.append(_reading(n, clones, (clones[id(out)],)))
+        seg_of[id(clones[id(out)])] = seg
+        producer[id(clones[id(out)])] = twins[-1]
+    seg.nodes[:] = twins + [_reading(n, clones, n.outputs) if any(id(x) in clones for x in n.inputs()) else n
+                            for n in seg.nodes]
+    for n in seg.nodes:
+        producer.update((id(o), n) for o in n.outputs)
+    seg.reads = {id(x) for n in seg.nodes for x in n.inputs()}
+    return True
 
 
 def _add(seg: Segment, node: Node, d) -> None:
