@@ -21,7 +21,7 @@ def test_on_the_cpu_the_host_decides(g):
 
 
 @pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 8), (torch.float32, 4), (torch.float64, 2), (torch.float16, 1)])
-def test_the_kernel_exits_on_a_one_and_moves_whole_vectors(dtype, v, ptx_compile, tmp_path):
+def test_the_kernel_exits_on_a_one_and_moves_whole_vectors(dtype, v, ptx_compile):
 
     fn = build(dtype, v, "sm_90a")
     ptx = fn.artifacts.PTX

@@ -170,3 +170,4 @@ def test_a_layernorm_backward_takes_its_weight_and_bias_gradients_per_column_bes
         assert len(sums) == 2
         stored = [o for s in runners[0].segments for o in s.outputs if not any(o is v for v in runners[0].region.outputs)]
         assert not stored
+

@@ -124,7 +124,7 @@ def _cross_entropy_parts(a, target, weight, ignore_index, reduction, label_smoot
     rows = _Rows(a, target, weight, ignore_index)
     wt = rows.target_weight()  # [N]
     # the rows that count, weighted (nll_loss's denominator), from the targets alone: the
-    # segmenter runs it ahead of the row kernel over the logits (``segmenter._move_first``),
+    # segmenter runs it ahead of the row kernel over the logits (``segmenter._hoist_per_row_values``),
     # which may then scale the gradient it writes by it (``cross_entropy_grad``)
     count = ltorch.sum(wt)
     # the target's logit first: the segmenter then has a row reduction of x to add the

@@ -27,7 +27,7 @@ from thunder_fuser.ir.region import Node, Region, Value, map_values
 _CHEAP = ("pointwise",)
 
 
-def _cheap(node: Node) -> bool:
+def cheap(node: Node) -> bool:
     return len(node.outputs) == 1 and (kind_of(node.op) in _CHEAP or node.op in METADATA) and node.op != "slice_prim"
 
 
@@ -68,7 +68,7 @@ def recompute_reduction_inputs(region: Region, segments: list, seg_of: dict) -> 
                 count += 1
                 out = node.outputs[0]
                 twin = Value(f"{out.name}_r{count}", out.shape, out.dtype, out.is_tensor, out.broadcast_dims)
-                new_nodes.append(_reading(node, clones, (twin,)))
+                new_nodes.append(reading_clones(node, clones, (twin,)))
                 producer[id(twin)] = new_nodes[-1]
                 clones[id(out)] = twin
                 seg_of[id(twin)] = seg
@@ -76,13 +76,13 @@ def recompute_reduction_inputs(region: Region, segments: list, seg_of: dict) -> 
             continue
         for i, node in enumerate(seg.nodes):  # a copy of each node that reads a clone
             if any(id(x) in clones for x in node.inputs()):
-                seg.nodes[i] = _reading(node, clones, node.outputs)
+                seg.nodes[i] = reading_clones(node, clones, node.outputs)
                 producer.update((id(o), seg.nodes[i]) for o in node.outputs)
         seg.nodes[:0] = new_nodes
         seg.reads = {id(x) for n in seg.nodes for x in n.inputs()}
 
 
-def _reading(node: Node, clones: dict, outputs: tuple) -> Node:
+def reading_clones(node: Node, clones: dict, outputs: tuple) -> Node:
     """A copy of ``node`` making ``outputs``, reading each clone in place of its original."""
     lookup = lambda x: clones.get(id(x), x)  # noqa: E731
     return Node(node.op, map_values(node.args, lookup), {k: map_values(a, lookup) for k, a in node.kwargs.items()}, outputs)
@@ -98,7 +98,7 @@ def _cone(v: Value, reading: set, owner, producer: dict, seg_of: dict, readers: 
     while stack:
         x = stack.pop()
         n = producer.get(id(x))
-        if n is None or seg_of.get(id(x)) is not owner or not _cheap(n):
+        if n is None or seg_of.get(id(x)) is not owner or not cheap(n):
             leaves[id(x)] = x
             continue
         if id(n) in nodes:

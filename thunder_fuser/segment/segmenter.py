@@ -22,7 +22,7 @@ from thunder_fuser.ir.ops import METADATA, kind_of, reduction_dims
 from thunder_fuser.ir.region import Node, Region, Value
 from thunder_fuser.segment.domains import iteration_domains
 from thunder_fuser.segment.hazards import WriteHazards
-from thunder_fuser.segment.recompute import _cheap, _reading, recompute_reduction_inputs
+from thunder_fuser.segment.recompute import cheap, reading_clones, recompute_reduction_inputs
 
 
 @dataclass(eq=False)
@@ -342,7 +342,7 @@ def _recomputed(seg: Segment, values: list, producer: dict, seg_of: dict) -> boo
         n = producer.get(id(x))
         if n is None:  # a region input
             continue
-        if not _cheap(n) or x.numel > limit:
+        if not cheap(n) or x.numel > limit:
             return False
         if id(n) not in cone:
             cone[id(n)] = n
@@ -352,11 +352,12 @@ def _recomputed(seg: Segment, values: list, producer: dict, seg_of: dict) -> boo
     twins = []
     for n in sorted(cone.values(), key=lambda n: order[id(n)]):
         out = n.outputs[0]
-        clones[id(out)] = Value(f"{out.name}_h", out.shape, out.dtype, out.is_tensor, out.broadcast_dims)
-        twins.append(_reading(n, clones, (clones[id(out)],)))
+        clones[id(out)] = Value(f"{out.name}_h{len(producer)}", out.shape, out.dtype, out.is_tensor,
+                                out.broadcast_dims)  # a name of its own: twins of one value may be made twice
+        twins.append(reading_clones(n, clones, (clones[id(out)],)))
         seg_of[id(clones[id(out)])] = seg
         producer[id(clones[id(out)])] = twins[-1]
-    seg.nodes[:] = twins + [_reading(n, clones, n.outputs) if any(id(x) in clones for x in n.inputs()) else n
+    seg.nodes[:] = twins + [reading_clones(n, clones, n.outputs) if any(id(x) in clones for x in n.inputs()) else n
                             for n in seg.nodes]
     for n in seg.nodes:
         producer.update((id(o), n) for o in n.outputs)
