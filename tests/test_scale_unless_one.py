@@ -20,6 +20,13 @@ def test_on_the_cpu_the_host_decides(g):
     torch.testing.assert_close(x, expected, atol=0, rtol=0)
 
 
+def test_a_cotangent_of_the_losss_dtype_and_no_dims():
+    x = torch.randn(5, 3, dtype=torch.bfloat16)
+    expected = (x.float() * 0.5).to(torch.bfloat16)
+    scale_unless_one_(x, torch.tensor(0.5, dtype=torch.bfloat16), use_kernel=False)
+    torch.testing.assert_close(x, expected, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 8), (torch.float32, 4), (torch.float64, 2), (torch.float16, 1)])
 def test_the_kernel_exits_on_a_one_and_moves_whole_vectors(dtype, v, ptx_compile):
 
@@ -39,7 +46,7 @@ def test_on_the_gpu_against_torch(dtype, numel, g):
     x = torch.randn(numel, device="cuda").to(dtype)
     expected = x if g == 1.0 else (x.to(torch.float64) * g).to(dtype)
     before = x.clone()
-    out = scale_unless_one_(x, torch.tensor([g], device="cuda"), use_kernel=True)
+    out = scale_unless_one_(x, torch.tensor(g, device="cuda"), use_kernel=True)  # a loss's cotangent: no dims
     assert out is x
     if g == 1.0:
         torch.testing.assert_close(x, before, atol=0, rtol=0)

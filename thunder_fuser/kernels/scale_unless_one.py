@@ -1,7 +1,7 @@
-"""``x *= g`` in place, where ``g`` is a one-element fp32 tensor on the device, skipped on
-the device when ``g`` is exactly one: the backward of the two-pass cross-entropy
-(``rules/cross_entropy.py``), whose forward already wrote the gradient of a summed or
-averaged loss for a cotangent of one.
+"""``x *= g`` in place, where ``g`` is a one-element tensor on the device (a loss's
+cotangent), skipped on the device when ``g`` is exactly one: the backward of the two-pass
+cross-entropy (``rules/cross_entropy.py``), whose forward already wrote the gradient of a
+summed or averaged loss for a cotangent of one.
 
 A training step's cotangent is one (``loss.backward()``) unless the loss is scaled (gradient
 accumulation, a loss scaler), and only the device knows it. Reading it on the host would
@@ -22,35 +22,44 @@ BLOCKS_PER_SM = 4
 
 
 def scale_unless_one_(x: torch.Tensor, g: torch.Tensor, use_kernel: bool) -> torch.Tensor:
-    """``x`` scaled in place by ``g`` (a one-element fp32 tensor), unless ``g`` is one;
-    ``x`` itself. ``use_kernel``: a CuTe kernel decides on the device; otherwise a tensor on
+    """``x`` scaled in place by ``g`` (a one-element tensor: the loss's cotangent), unless
+    ``g`` is one; ``x`` itself. ``use_kernel``: a CuTe kernel decides on the device; otherwise a tensor on
     the CPU decides on the host, and one elsewhere is always multiplied (no host sync)."""
     if x.numel() == 0:
         return x
     if not use_kernel or not x.is_contiguous():
         if x.device.type != "cpu" or g.item() != 1.0:
-            x.mul_(g.to(x.dtype) if x.dtype == torch.float64 else g)
+            wide = torch.float64 if x.dtype == torch.float64 else torch.float32  # as the kernel: one rounding
+            x.copy_(x.to(wide) * g.to(wide))
         return x
+    g = g.reshape(1)
+    if g.dtype != torch.float32:
+        g = g.float()
     flat = x.view(-1)
     v = 16 // x.element_size()
     whole = flat.numel() // v * v
-    blocks = torch.cuda.get_device_properties(x.device).multi_processor_count * BLOCKS_PER_SM
     if whole:
-        _compiled(x.dtype, v, _arch(x.device))(flat[:whole].view(-1, v), g, blocks)
+        fn, blocks = _launcher(x.dtype, v, x.device)
+        fn(flat[:whole].view(-1, v), g, blocks)
     if whole < flat.numel():
-        _compiled(x.dtype, 1, _arch(x.device))(flat[whole:].view(-1, 1), g, 1)
+        fn, _ = _launcher(x.dtype, 1, x.device)
+        fn(flat[whole:].view(-1, 1), g, 1)
     return x
 
 
-def _arch(device) -> str:
-    from thunder_fuser.kernels.segment_kernel import arch_of
-
-    return arch_of(device)
+_launchers: dict = {}  # (dtype, vector, device) -> (compiled function, blocks): one lookup a call
 
 
-def _compiled(dtype: torch.dtype, v: int, arch: str):
-    key = ("scale_unless_one v1", str(dtype), v, arch)
-    return cache.get_or_compile(key, lambda: build(dtype, v, arch))
+def _launcher(dtype: torch.dtype, v: int, device) -> tuple:
+    key = (dtype, v, device)
+    hit = _launchers.get(key)
+    if hit is None:
+        from thunder_fuser.kernels.segment_kernel import arch_of
+
+        arch = arch_of(device)
+        fn = cache.get_or_compile(("scale_unless_one v1", str(dtype), v, arch), lambda: build(dtype, v, arch))
+        hit = _launchers[key] = (fn, torch.cuda.get_device_properties(device).multi_processor_count * BLOCKS_PER_SM)
+    return hit
 
 
 def build(dtype: torch.dtype, v: int, arch: str):

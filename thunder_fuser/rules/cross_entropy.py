@@ -188,7 +188,8 @@ def cross_entropy_grad(a, target, weight=None, size_average=None, ignore_index=-
         grad = ltorch.to(_logits_gradient(rows, lse, wt, count, total_w, reduction, eps, g), a.dtype)
     else:
         ones = _logits_gradient(rows, lse, wt, count, total_w, reduction, eps, None)
-        grad = _scale_unless_one(ltorch.to(ones, a.dtype), ltorch.to(ltorch.reshape(get_grad(out), (1,)), dtypes.float32))
+        # the cotangent as it comes (a reshape here would be a region call a step of its own)
+        grad = _scale_unless_one(ltorch.to(ones, a.dtype), get_grad(out))
     put_grad(a, ltorch.squeeze(grad, 0) if rows.vector else grad)
     return out
 
