@@ -171,3 +171,14 @@ def test_a_layernorm_backward_takes_its_weight_and_bias_gradients_per_column_bes
         stored = [o for s in runners[0].segments for o in s.outputs if not any(o is v for v in runners[0].region.outputs)]
         assert not stored
 
+
+
+def test_a_segment_nothing_reads_and_that_writes_nothing_is_dropped():
+    """thunder's partition may leave an op in a region whose consumer computes it again (a
+    loss's upcast beside the count of its targets): its segment would launch for nothing."""
+    x, r = Value("x", FULL, torch.float32), Value("r", ROWS, torch.float32)
+    dead, total = Value("dead", FULL, torch.float32), Value("total", (), torch.float32)
+    region = Region("dead", [x, r], [Node("exp", (x,), {}, (dead,)), Node("sum", (r, (0,)), {}, (total,))], [total])
+    segments = segment_region(region)
+    assert [[n.op for n in s.nodes] for s in segments] == [["sum"]]
+    assert [s.index for s in segments] == [0]
