@@ -28,6 +28,7 @@ from thunder_fuser.ir.ops import METADATA
 from thunder_fuser.ir.region import Value
 from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.segment_kernel import LaunchGroup, SegmentKernel
+from thunder_fuser.layout import strides_for_order
 from thunder_fuser.runtime.donation import donated, donating
 from thunder_fuser.runtime.plan import conform_output
 
@@ -41,14 +42,6 @@ def _direct_view(n) -> bool:
             and n.inputs() == [n.args[0]])
 
 
-def _row_major(shape) -> tuple:
-    out, step = [], 1
-    for n in reversed(tuple(shape)):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))
-
-
 def _same_memory(m, shape, strides) -> bool:
     """Does tensor meta ``m`` lie as a store of ``shape`` and ``strides`` would: the same
     strides, or both row-major over as many elements (the logits ``[b, s, vocab]`` a loss
@@ -57,6 +50,10 @@ def _same_memory(m, shape, strides) -> bool:
         return tuple(m.stride()) == tuple(strides)
     return (m.numel() == math.prod(shape) and tuple(m.stride()) == _row_major(m.shape)
             and tuple(strides) == _row_major(shape))
+
+
+def _row_major(shape) -> tuple:
+    return strides_for_order(tuple(shape), list(range(len(shape))))
 
 
 def _reads_as_written(o, store) -> bool:
