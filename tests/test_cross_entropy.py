@@ -184,6 +184,33 @@ def test_a_loss_per_row_computes_its_gradient_in_one_pointwise_backward():
                     assert o.numel < n * c, f"{o.name} {o.shape} fp32 of the logits' size in {p.region.name}"
 
 
+@pytest.mark.parametrize("option", ["none", "weighted mean"])
+def test_three_passes_say_why_above_the_backward_region(option):
+    """Where the loss keeps three passes, the backward trace says so and why, in one comment
+    line right above the region that reads the logits again; the comment cuts no region in
+    two (``trace_notes.py``): the backward is that one region."""
+    n, c = 16, 300
+    x, t, _ = _problem(n, c)
+    x.requires_grad_()
+    if option == "none":
+        fn = lambda x, t: F.cross_entropy(x, t, reduction="none").sum()  # noqa: E731
+        why = "the loss is per row (reduction='none'), so each row's cotangent is known only here"
+    else:
+        w = torch.rand(c)
+        fn = lambda x, t: F.cross_entropy(x, t, weight=w)  # noqa: E731
+        why = ("a mean weighted by class weights divides by the targets' summed weights, a pass over the rows of"
+               " its own before any gradient could be written in the forward")
+    jfn = thunder.jit(fn, executors=[fuser_ex])
+    jfn(x, t).backward()
+    lines = str(thunder.last_backward_traces(jfn)[-1]).splitlines()
+    note = ("  # cross_entropy: three passes over the logits (the backward reads them again and writes the"
+            f" gradient): {why}")
+    at = lines.index(note)
+    calls = [ln for ln in lines if " = fuser" in ln and not ln.lstrip().startswith("#")]
+    assert len(calls) == 1 and lines[at + 1] == calls[0], lines
+    assert "three passes" not in str(thunder.last_traces(jfn)[-1])
+
+
 def test_the_forward_reads_each_row_once():
     """Over rows too long for registers the max and the sum of exp(x - max) are taken online,
     and the target's logit in the same pass: the row kernel reads each row once."""

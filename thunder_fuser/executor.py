@@ -29,7 +29,8 @@ from thunder_fuser.dead_inputs import dead_inputs
 from thunder_fuser.input_aliases import with_alias_guard
 from thunder_fuser.narrow_loss_gradient import narrow_loss_gradients
 from thunder_fuser.rematerialize import rematerialize_if_safe, writes_in_place
-from thunder_fuser.rules.cross_entropy import SCALE_UNLESS_ONE
+from thunder_fuser.rules.cross_entropy import STANDALONE
+from thunder_fuser.trace_notes import lift_notes, place_notes
 from thunder_fuser.rules.cross_entropy import register as register_losses
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
@@ -98,7 +99,7 @@ class FuserExecutor(FusionExecutor):
         # rule does not cover (probability targets) must not look fusible as a whole
         if bsym.sym.id in self._owned:
             return self.can_execute(bsym)
-        if bsym.sym.id == SCALE_UNLESS_ONE:  # an op of its own between regions (a kernel apart)
+        if bsym.sym.id in STANDALONE:  # ops of their own between regions (a kernel apart, a note)
             return False
         return self._can_fuse_prims(bsym)
 
@@ -163,19 +164,21 @@ class FuserExecutor(FusionExecutor):
 
             return ok(a) and ok(b)
 
-        fused: list[BoundSymbol] = []
+        fused: list[tuple[BoundSymbol, list[BoundSymbol]]] = []  # (fused or kept symbol, what it holds)
         counter = 0
-        for bsyms in fuse_bound_symbols(trace, _should_fuse):
+        noted = from_trace(trace)
+        noted.bound_symbols, notes = lift_notes(trace.bound_symbols)
+        for bsyms in fuse_bound_symbols(noted, _should_fuse):
             if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
-                fused.append(bsyms[0])
+                fused.append((bsyms[0], bsyms))
                 continue
             if not self.get_fuel():
-                fused.extend(bsyms)
+                fused.extend((b, [b]) for b in bsyms)
                 continue
-            fused.append(self.fuse(ThunderRegion(producers, consumers, bsyms), counter))
+            fused.append((self.fuse(ThunderRegion(producers, consumers, bsyms), counter), bsyms))
             counter += 1
         out = from_trace(trace)
-        out.bound_symbols = fused
+        out.bound_symbols = place_notes(fused, notes)
         out = rematerialize_if_safe(out)
         out = dce(out)
         # the fusions are built again, for the final trace: now each knows which of its

@@ -27,7 +27,7 @@ nll term and the smoothing term by the rows not ignored, weighted by their targe
 from __future__ import annotations
 
 import thunder.torch as ltorch
-from thunder.core import dtypes
+from thunder.core import dtypes, prims
 from thunder.core.prims import get_grad, put_grad
 from thunder.core.proxies import TensorProxy
 
@@ -181,6 +181,7 @@ def cross_entropy_grad(a, target, weight=None, size_average=None, ignore_index=-
     out = ltorch.to(loss, a.dtype)
     eps = float(label_smoothing)
     if not two_pass:
+        _note_symbol[0](_three_passes_why(reduction))
         g = _row_cotangent(get_grad(out), reduction, rows)  # [N, 1]
         # the backward computes the fp32 logits and the compare again from the logits and the
         # targets: saved, they would be [N, C] (fp32 and bool) where the rows' statistics are [N]
@@ -245,7 +246,29 @@ def nll_loss_grad(a, target, weight=None, ignore_index=None, reduction="mean"):
 
 
 SCALE_UNLESS_ONE = "fuser_scale_unless_one"
+LOSS_NOTE = "fuser_loss_note"
+STANDALONE = frozenset((SCALE_UNLESS_ONE, LOSS_NOTE))  # registered ops never fused into a region
 _scale_symbol: list = []  # the symbol, made by ``register``
+_note_symbol: list = []  # likewise
+
+
+def _three_passes_why(reduction: str) -> str:
+    """Why the loss reads its logits again in the backward (the trace says it there)."""
+    if reduction == "none":
+        return ("cross_entropy: three passes over the logits (the backward reads them again and writes the"
+                " gradient): the loss is per row (reduction='none'), so each row's cotangent is known only here")
+    return ("cross_entropy: three passes over the logits (the backward reads them again and writes the gradient):"
+            " a mean weighted by class weights divides by the targets' summed weights, a pass over the rows of"
+            " its own before any gradient could be written in the forward")
+
+
+def _note_meta(text: str) -> None:
+    return None
+
+
+def _print_note(bsym, out_printables, arg_printables, kwarg_printables) -> str:
+    """A comment line in the trace; nothing runs (``prims.comment`` does not survive DCE)."""
+    return f"# {bsym.args[0]}"
 
 
 def _scale_unless_one(grad, g):
@@ -279,6 +302,8 @@ def register(executor) -> frozenset:
     if not _scale_symbol:
         _scale_symbol.append(executor.register_operator(
             SCALE_UNLESS_ONE, meta=_scale_meta, fn=_scale_impl, python_printer=_print_scale))
+        _note_symbol.append(executor.register_operator(
+            LOSS_NOTE, meta=_note_meta, fn=_note_meta, python_printer=_print_note, tags=[prims.OpTags.DONT_DCE]))
     executor.register_supported(ltorch.cross_entropy, cross_entropy_checker,
                                 execution_transform=cross_entropy_forward, grad_transform=cross_entropy_grad)
     executor.register_supported(ltorch.nll_loss, nll_loss_checker,
