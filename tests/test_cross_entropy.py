@@ -281,6 +281,35 @@ def test_loss_kernels_compile_to_ptx_one_pass_each_way(vocab, ptx_compile):
     assert not [p for p in _backward_parts(fn, (x, t)) if p.prog.domain == (n, vocab)]
 
 
+def test_a_long_rows_loss_keeps_its_lines_for_the_gradient_pass(ptx_compile):
+    """A vocabulary of 128256 bf16 (rows of 256 KB, looped): the online pass loads with an L2
+    evict-last policy, the gradient pass marks its loads last use and streams its stores, and
+    its exps are ex2.approx (the gradient is stored in bf16: ``cute_values.fast_exp``), with
+    no exact exp's range reduction (``fma.rm``) anywhere. Where the looped row stores fp32, the
+    exact exp stays."""
+    from helpers import ptx_text
+    from thunder_fuser.kernels import segment_kernel
+    from thunder_fuser.kernels.cute_memory import unroll
+
+    n, vocab = 64, 128256
+    x = torch.randn(n, vocab, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, vocab, (n,))
+    (fwd,) = [p for p in _forward_parts(lambda x, t: F.cross_entropy(x.float(), t), (x, t))
+              if p.prog.domain == (n, vocab)]
+    assert fwd.geo.looped and fwd.geo.last_use
+    ptx = ptx_text(segment_kernel.compile_program(fwd.prog, fwd.geo, None))
+    for access in ("ld.global.L2::cache_hint.v4.b32", "ld.global.lu.v4.b32", "st.global.cs.v4.b32"):
+        assert access in ptx, _loads(ptx)
+    # an exact exp is one fma.rm (and eight more instructions) per element; per row, a few
+    # remain (the online sum's rescale, the logsumexp): the steps' 2 x 8 elements per vector have none
+    per_element = 2 * unroll(fwd.geo) * fwd.geo.vector
+    assert ptx.count("ex2.approx") >= per_element and ptx.count("fma.rm.f32") < 8
+    rows = torch.randn(512, vocab, dtype=torch.bfloat16)  # enough rows for one row kernel (64 split)
+    (soft,) = planned_parts(lambda x: torch.softmax(x.float(), -1), (rows,))
+    assert soft.geo.looped
+    assert ptx_text(segment_kernel.compile_program(soft.prog, soft.geo, None)).count("fma.rm.f32") >= per_element
+
+
 @pytest.fixture
 def generated_kernels(monkeypatch):
     """CUDA kernels, not the lowered programs; fresh outputs NaN, so an unwritten element fails."""

@@ -28,28 +28,39 @@ from thunder_fuser.kernels.unsupported import Unsupported
 STREAM_UNROLL = 4  # vectors a thread loads per step of a loop along a row (a split row, a row too long
 #                   for registers) or down columns, all before it uses any: a step per vector kept one
 #                   load in flight
+LOOP_UNROLL = 2  # likewise in a looped row's passes (measured: rows_geometry, "A looped row steps")
+# L2 eviction priorities of a load's ``.L2::cache_hint`` (the 64-bit policies CUTLASS's
+# ``CacheHintSm90`` names): "keep" loads a line the L2 evicts last
+_CACHE_POLICY = {"keep": 0x14F0000000000000}
 
 
 @cute.jit
 def _copy_if(src: cute.Tensor, dst: cute.Tensor, pred: cutlass.Boolean, hint: cutlass.Constexpr = None):
     """One vector between registers and global memory where ``pred``. ``hint`` (CACHE_HINTS):
     "store" streams it (st.global.cs), "load" marks it the line's last use (ld.global.lu);
-    the L2 evicts such lines first. Whole 16-byte accesses of floats only (``_hinted``)."""
+    the L2 evicts such lines first; "keep" loads it to be evicted last (a row a later pass
+    reads again). Whole 16-byte accesses of floats only (``_hinted``)."""
     if pred:
         if cutlass.const_expr(hint is None):
             cute.autovec_copy(src, dst)
         else:
             n = 128 // src.element_type.width  # elements per 16-byte access
-            cute.copy(_hinted_copy_atom(hint, src.element_type),
-                      cute.logical_divide(cute.coalesce(src), n), cute.logical_divide(cute.coalesce(dst), n))
+            atom = _hinted_copy_atom(hint, src.element_type)
+            whole = cute.logical_divide(cute.coalesce(src), n), cute.logical_divide(cute.coalesce(dst), n)
+            if cutlass.const_expr(hint in _CACHE_POLICY):
+                cute.copy(atom, *whole, cache_policy=cutlass.Int64(_CACHE_POLICY[hint]))
+            else:
+                cute.copy(atom, *whole)
 
 
 def _hinted_copy_atom(hint: str, dtype):
     """A 16-byte copy of ``dtype`` to global memory that streams ("store"), or from it,
-    marked the line's last use ("load")."""
+    marked the line's last use ("load") or plain (a cache policy goes with it: "keep")."""
     if hint == "store":
         return cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), dtype, num_bits_per_copy=128,
                                    store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
+    if hint in _CACHE_POLICY:
+        return cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), dtype, num_bits_per_copy=128)
     return cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), dtype, num_bits_per_copy=128,
                                load_cache_mode=cute.nvgpu.LoadCacheMode.LAST_USE)
 
@@ -427,11 +438,12 @@ def for_range(start, stop, step: cutlass.Constexpr, fn: cutlass.Constexpr):
 
 def unroll(geo: Geometry) -> int:
     """Vectors a thread loads per step of a loop: STREAM_UNROLL 16-byte vectors of the
-    narrowest operand, so more where the vector is narrowed to the widest store's 16 bytes
-    (``geometry.vector_width``): a step keeps as many bytes in flight. H100,
-    scripts/long_rows_probe.py: log_softmax fp32 of bf16 [4096, 32000] (looped) took 0.315
-    ms in 4 vectors of 8 per step, 0.333 in 4 of 4 and 0.289 in 8 of 4."""
-    return STREAM_UNROLL * vector_width(geo.operands, False) // vector_width(geo.operands)
+    narrowest operand (LOOP_UNROLL in a looped row), so more where the vector is narrowed to
+    the widest store's 16 bytes (``geometry.vector_width``): a step keeps as many bytes in
+    flight. H100, scripts/long_rows_probe.py: log_softmax fp32 of bf16 [4096, 32000]
+    (looped) took 0.315 ms in 4 vectors of 8 per step, 0.333 in 4 of 4 and 0.289 in 8 of 4."""
+    steps = LOOP_UNROLL if geo.looped else STREAM_UNROLL
+    return steps * vector_width(geo.operands, False) // vector_width(geo.operands)
 
 
 def loaded_batch(geo: Geometry, t2s, tvs, m, j, step: tuple, ok, end, N, loads, row_value, hint=None,

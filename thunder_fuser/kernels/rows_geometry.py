@@ -96,6 +96,22 @@ LOOP_L2_BYTES = 40 << 20
 # for the re-read) took 0.324 with no hints, 0.314 with streamed stores, and 0.334 in an
 # earlier call with both.
 LOOP_LAST_USE_BYTES = 128 << 10
+# A looped row steps ``cute_memory.LOOP_UNROLL`` (2) vectors per loop step, its passes before
+# the last load with an L2 evict-last policy where the last pass marks its loads last use
+# (``rows.CACHE_HINTS``: "keep"), and a last pass storing only fp16/bf16 takes its exps as
+# ex2.approx (``cute_values.fast_exp``). H100, session 29, torch.profiler, ms of the row
+# kernel with the exact exp in steps of 4 vectors (before) / fast exp, 4 / fast exp, keep, 2:
+# the loss (``F.cross_entropy``, its gradient in the forward) over bf16 [8192, 128256] 1.822 /
+# 1.909 / 1.588, [4096, 50257] 0.522 / 0.615 / 0.415, [4096, 32000] 0.290 / 0.370 / 0.251;
+# softmax of bf16 [2048, 128256] 0.447 / 0.375 / 0.396, [4096, 32000] 0.238 / 0.183 /
+# 0.194; log_softmax of bf16 [1024, 128256] (no exp in its last pass) 0.191 / 0.191 / 0.196.
+# ncu on the loss at [8192, 128256]: before, 928M instructions, issue 57% busy; in steps of 4
+# the 64 registers a block of 1024 allows spill (23M local requests with the fast exp, and
+# DRAM reads rise from 2.37 to 2.63 GB); in steps of 2, 64 registers, no spill, 2.26 GB read
+# and 2.08 written (the gradient once). Tried on the loss with the fast exp: 3 vectors 1.624,
+# 2 without "keep" 1.625, blocks of 512 1.694, a persistent grid of two blocks of 512 per SM
+# looping over the rows 1.662 (without "keep" 1.676; in steps of 2, 1.984: DRAM reads 3.42
+# GB), of one block of 1024 per SM 1.722.
 MAX_THREADS_PER_SM = 2048
 # A row kernel gives each row one block, and one block streams only 65-100 GB/s on an H100
 # (scripts/gather_rows_probe.py: x.sum() of 64M fp32 took 2.64 ms as one row, torch 0.095;
