@@ -131,8 +131,20 @@ def _big_outputs(trace, n, c) -> list:
     return [o for p in plans(trace) for o in p.region.outputs if o.is_tensor and o.numel >= n * c]
 
 
+@pytest.fixture(params=["cpu scalars", "cuda scalars"])
+def scalars(request, monkeypatch):
+    """thunder reads a 0-d CPU tensor as a number in an elementwise op and broadcasts a 0-d
+    CUDA tensor (``clang.maybe_broadcast``): "cuda scalars" makes the CPU trace the CUDA
+    one, whose regions the CPU tests must see too (``ir/scalar_broadcasts.py``)."""
+    if request.param == "cuda scalars":
+        import thunder.core.utils
+
+        monkeypatch.setattr(thunder.core.utils, "is_cpu_scalar_tensor", lambda x: False)
+    return request.param
+
+
 @pytest.mark.parametrize("upcast", [False, True])
-def test_a_reduced_loss_writes_its_gradient_in_the_forward_row_kernel(upcast):
+def test_a_reduced_loss_writes_its_gradient_in_the_forward_row_kernel(upcast, scalars):
     """Two passes over the logits: the forward's reductions over the classes and the gradient
     for a cotangent of one are one row kernel, which writes the gradient in the logits' dtype
     (through an upcast too: ``narrow_loss_gradient.py``); the backward only scales it
@@ -377,7 +389,7 @@ def test_a_models_loss_is_one_row_kernel_whatever_thunder_orders_first():
     assert all(not p.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))
 
 
-def test_transformers_loss_upcast_before_the_flatten_is_one_row_kernel():
+def test_transformers_loss_upcast_before_the_flatten_is_one_row_kernel(scalars):
     """transformers' loss: ``logits.float()`` over ``[b, s, vocab]``, then ``view(-1, vocab)``,
     labels padded and shifted. The upcast once had the 3-D domain and was stored: an fp32 copy
     of the logits, and the iota of the target compare beside it (1.2 GB each for Qwen2 at
