@@ -54,3 +54,15 @@ def ptx_compile(tmp_path, monkeypatch):
     from thunder_fuser.kernels import segment_kernel
 
     monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", f" --keep-ptx --dump-dir {tmp_path / 'ptx'}")
+
+
+@pytest.fixture(params=["cpu scalars", "cuda scalars"])
+def scalars(request, monkeypatch):
+    """thunder reads a 0-d CPU tensor as a number in an elementwise op and broadcasts a 0-d
+    CUDA tensor (``clang.maybe_broadcast``): "cuda scalars" makes the CPU trace the CUDA
+    one, whose regions the CPU tests must see too (``ir/scalar_broadcasts.py``)."""
+    if request.param == "cuda scalars":
+        import thunder.core.utils
+
+        monkeypatch.setattr(thunder.core.utils, "is_cpu_scalar_tensor", lambda x: False)
+    return request.param

@@ -131,18 +131,6 @@ def _big_outputs(trace, n, c) -> list:
     return [o for p in plans(trace) for o in p.region.outputs if o.is_tensor and o.numel >= n * c]
 
 
-@pytest.fixture(params=["cpu scalars", "cuda scalars"])
-def scalars(request, monkeypatch):
-    """thunder reads a 0-d CPU tensor as a number in an elementwise op and broadcasts a 0-d
-    CUDA tensor (``clang.maybe_broadcast``): "cuda scalars" makes the CPU trace the CUDA
-    one, whose regions the CPU tests must see too (``ir/scalar_broadcasts.py``)."""
-    if request.param == "cuda scalars":
-        import thunder.core.utils
-
-        monkeypatch.setattr(thunder.core.utils, "is_cpu_scalar_tensor", lambda x: False)
-    return request.param
-
-
 @pytest.mark.parametrize("upcast", [False, True])
 def test_a_reduced_loss_writes_its_gradient_in_the_forward_row_kernel(upcast, scalars):
     """Two passes over the logits: the forward's reductions over the classes and the gradient
