@@ -30,8 +30,8 @@ from thunder_fuser.input_aliases import with_alias_guard
 from thunder_fuser.narrow_loss_gradient import narrow_loss_gradients
 from thunder_fuser.rematerialize import rematerialize_if_safe, writes_in_place
 from thunder_fuser.rules.cross_entropy import STANDALONE
-from thunder_fuser.trace_notes import lift_notes, place_notes
 from thunder_fuser.rules.cross_entropy import register as register_losses
+from thunder_fuser.trace_notes import lift_notes, place_notes
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
