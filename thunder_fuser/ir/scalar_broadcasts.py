@@ -38,14 +38,9 @@ def read_scalars_unbroadcast(region: Region) -> None:
             scalar[id(b)] = s
     if not scalar:
         return
-    nodes = []
-    for n in region.nodes:
-        if n.outputs and id(n.outputs[0]) in scalar:
-            continue
-        if any(isinstance(a, Value) and id(a) in scalar for a in n.args):
-            n = Node(n.op, map_values(n.args, lambda v: scalar.get(id(v), v)), dict(n.kwargs), n.outputs)
-        nodes.append(n)
-    region.nodes = nodes
+    region.nodes = [n for n in region.nodes if not (n.outputs and id(n.outputs[0]) in scalar)]
+    for n in region.nodes:  # in place, as functionalize swaps values
+        n.args = map_values(n.args, lambda v: scalar.get(id(v), v))
 
 
 def _keeps_shape(reader: Node, b: Value) -> bool:
