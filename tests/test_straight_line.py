@@ -39,13 +39,13 @@ def _count_general_calls(runner: RegionRunner) -> list:
 GELU_SOURCE = """\
 def run(args):
     a0, a1 = args
-    if (a0.stride() != s5
-            or a1.stride() != s6
+    if (a0.stride() != s6
+            or a1.stride() != s7
             or a1.data_ptr() % 16 != 0
             or a0.data_ptr() % 16 != 0):
         return None
-    t1 = empty_strided((8, 64), (64, 1), dtype=dt7, device=dev8)
-    run_on_torch(part9, (a1, a0, t1, ))
+    t1 = empty_strided((8, 64), (64, 1), dtype=dt8, device=dev9)
+    run_on_torch(part10, (a1, a0, t1, ))
     return [t1]
 """
 
@@ -57,7 +57,7 @@ def test_gelu_source_reads_as_the_call_it_makes(torch_kernels):
     jfn, _ = check_vs_eager(gelu_bias, torch.randn(8, 64), torch.randn(64))
     (runner,) = _runners(jfn)
     assert runner.fast.source == GELU_SOURCE
-    assert runner.fast.__globals__["s5"] == (1,) and runner.fast.__globals__["s6"] == (64, 1)
+    assert runner.fast.__globals__["s6"] == (1,) and runner.fast.__globals__["s7"] == (64, 1)
 
 
 def test_slices_and_merged_dims_need_no_view_per_call(torch_kernels):
@@ -74,6 +74,44 @@ def test_slices_and_merged_dims_need_no_view_per_call(torch_kernels):
     assert len(launches) == 2 and "as_strided" not in runner.fast.source, runner.fast.source
     assert "(a1, a0, (a1, 16), a1, a2, t1, ))" in launches[0], launches  # q, cos, q's second half, ...
     assert "(a3, a0, (a3, 16), a3, a2, t2, ))" in launches[1], launches
+
+
+def _split_heads(x, w):
+    y = x[:, :, :8].reshape(2, 8, 2, 4).transpose(1, 2)
+    return y * w, x[:, :, 8:].transpose(1, 2)
+
+
+SPLIT_HEADS_SOURCE = """\
+def run(args):
+    a0, a1 = args
+    if (a0.stride() != s6
+            or a1.stride() != s7
+            or a0.data_ptr() % 16 != 0
+            or a1.data_ptr() % 16 != 0):
+        return None
+    t1 = empty_strided((2, 2, 8, 4), (64, 4, 8, 1), dtype=dt8, device=dev9)
+    run_on_torch(part10, (reinterpret(a0, (2, 16, 4), (4, 12, 1), 0), a1, t1, ))
+    t2 = a0.as_strided((2, 4, 8), (96, 1, 12), a0.storage_offset() + 8)
+    return [t1, t2]
+"""
+
+
+def test_views_of_an_argument_cost_one_call_where_needed(torch_kernels):
+    """A chain of views of an argument (slice, reshape, transpose) is no torch call per op:
+    a kernel's operand is one ``reinterpret`` of the argument (torch.compile's
+    ``reinterpret_tensor``: no view bookkeeping, for a tensor dropped after the launch), an
+    output one ``as_strided`` at the argument's offset plus the view's, and a view that only
+    other views read is never made. The output is still a view of the caller's tensor."""
+    x, w = torch.randn(2, 8, 12), torch.randn(4)
+    jfn, _ = check_vs_eager(_split_heads, x, w)
+    (runner,) = _runners(jfn)
+    assert runner.fast.source == SPLIT_HEADS_SOURCE
+    xs = torch.randn(3, 2, 8, 12)[1]  # at a storage offset: views of it count from there
+    got = jfn(xs, w)
+    for g, e in zip(got, _split_heads(xs, w)):
+        torch.testing.assert_close(g, e)
+    assert got[1]._is_view() and got[1].untyped_storage().data_ptr() == xs.untyped_storage().data_ptr()
+    assert got[1].storage_offset() == xs.storage_offset() + 8 and got[1].stride() == (96, 1, 12)
 
 
 def test_a_window_at_another_offset_takes_the_same_kernel(torch_kernels):
@@ -197,3 +235,20 @@ def test_every_region_of_a_models_step_gets_straight_line_code(monkeypatch):
     runners = _runners(jfn) + [v for v in thunder.last_backward_traces(jfn)[-1].python_ctx().values()
                                 if isinstance(v, RegionRunner)]
     assert runners and [r.__name__ for r in runners if r.fast is None] == []
+
+
+@pytest.mark.cuda
+def test_cuda_allocations_take_the_fast_path_while_the_device_is_current():
+    """On a CUDA device the code allocates with torch.compile's ``empty_strided_cuda``
+    (no argument parsing), which allocates on the current device: the function checks
+    first that the region's device is current, and otherwise takes the general path."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    x, b = torch.randn(8, 64, device="cuda"), torch.randn(64, device="cuda")
+    jfn, _ = check_vs_eager(gelu_bias, x, b)
+    (runner,) = _runners(jfn)
+    src = runner.fast.source
+    assert "empty_cuda((8, 64), (64, 1), dt" in src and f"cuda_device() != {x.device.index or 0}" in src, src
+    declined = _count_general_calls(runner)
+    torch.testing.assert_close(jfn(x, b), gelu_bias(x, b))
+    assert declined == []
