@@ -252,3 +252,26 @@ def test_cuda_allocations_take_the_fast_path_while_the_device_is_current():
     declined = _count_general_calls(runner)
     torch.testing.assert_close(jfn(x, b), gelu_bias(x, b))
     assert declined == []
+
+
+def test_thunder_floor_frees_region_calls_and_restores_them(torch_kernels):
+    """``scripts/thunder_floor.py``'s floor: within ``free_regions`` every region call
+    returns the outputs of the one call it recorded (nothing runs), after it the code again."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "scripts" / "thunder_floor.py"
+    spec = importlib.util.spec_from_file_location("thunder_floor", path)
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    x, b = torch.randn(8, 64), torch.randn(64)
+    jfn, _ = check_vs_eager(gelu_bias, x, b)
+    (runner,) = _runners(jfn)
+    fast = runner.fast
+    with floor.free_regions(lambda: jfn(x, b)) as calls:
+        assert calls == 1
+        first = jfn(x, b)
+        assert jfn(torch.zeros_like(x), b) is not None
+        assert torch.equal(jfn(torch.zeros_like(x), b), first)  # the recorded outputs, not zeros'
+    assert runner.fast is fast
+    torch.testing.assert_close(jfn(torch.zeros_like(x), b), gelu_bias(torch.zeros_like(x), b))
