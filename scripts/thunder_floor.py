@@ -44,18 +44,18 @@ class free_regions:
 
     def __enter__(self):
         recorded = {}
-        call = RegionRunner.call
+        call, direct = RegionRunner.call, RegionRunner.__call__  # thunder calls the second
 
-        def record(runner, args):
-            out = call(runner, args)
+        def record(out, runner):
             recorded[id(runner)] = (runner, list(out))
             return out
 
-        RegionRunner.call = record
+        RegionRunner.call = lambda runner, args: record(call(runner, args), runner)
+        RegionRunner.__call__ = lambda runner, *args: record(direct(runner, *args), runner)
         try:
             self.run()
         finally:
-            RegionRunner.call = call
+            RegionRunner.call, RegionRunner.__call__ = call, direct
         for runner, outs in recorded.values():
             self.saved[id(runner)] = (runner, runner.fast)
             runner.fast = lambda args, outs=outs: list(outs)

@@ -275,3 +275,12 @@ def test_thunder_floor_frees_region_calls_and_restores_them(torch_kernels):
         assert torch.equal(jfn(torch.zeros_like(x), b), first)  # the recorded outputs, not zeros'
     assert runner.fast is fast
     torch.testing.assert_close(jfn(torch.zeros_like(x), b), gelu_bias(torch.zeros_like(x), b))
+
+
+def test_an_alignment_check_another_implies_is_dropped():
+    """``(value, alignment, residue)``: a pointer at residue 8 modulo 16 is at 0 modulo 8, so
+    that check goes; one that contradicts it stays (the call then takes the general path)."""
+    from thunder_fuser.runtime.straight_line import _strongest
+
+    checks = [(1, 8, 0), (1, 16, 0), (2, 8, 0), (2, 16, 8), (3, 8, 4), (3, 16, 0), (1, 16, 0)]
+    assert _strongest(checks) == [(1, 16, 0), (2, 16, 8), (3, 8, 4), (3, 16, 0)]

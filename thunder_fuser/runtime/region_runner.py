@@ -37,7 +37,13 @@ class RegionRunner:
         return plan
 
     def __call__(self, *args):
-        return self.call(args)
+        # the generated code first, without another frame (a step makes 30-34 region calls)
+        fast = self.fast
+        if fast is not None:
+            out = fast(args)
+            if out is not None:
+                return out
+        return self.general(args)
 
     def call(self, args):
         """The region on ``args`` (one tuple, passed on as it is: ``runtime/donation.py``
@@ -47,6 +53,11 @@ class RegionRunner:
             out = fast(args)
             if out is not None:
                 return out
+        return self.general(args)
+
+    def general(self, args):
+        """The plan for these inputs' strides, run by ``Plan.run`` (any call), and the
+        generated code written once the first plan has settled."""
         key = spec_key(args)
         plan = self.plans.get(key) or self.plan_for(args)
         out = plan.run(args)

@@ -42,6 +42,15 @@ def _direct_view(n) -> bool:
             and n.inputs() == [n.args[0]])
 
 
+def _strongest(checks: list) -> list:
+    """The alignment checks ``(value id, alignment, residue)`` no other implies, in order: a
+    pointer at residue r modulo 16 is at residue r % 8 modulo 8 (RoPE's halves of a
+    projection checked once each, not once a width)."""
+    checks = list(dict.fromkeys(checks))
+    return [(v, a, r) for v, a, r in checks
+            if not any(v2 == v and a2 > a and a2 % a == 0 and r2 % a == r for v2, a2, r2 in checks)]
+
+
 def _identity(n) -> bool:
     """``update_aliases``: it orders thunder's later reads and returns the same tensors
     (run through ``run_nodes`` it cost a dict and an interpreter call, 10-20 us a decode
@@ -233,7 +242,7 @@ class _Writer:
         head = ["def run(args):"]
         if params:
             head.append(f"    {', '.join(params)}{',' if len(params) == 1 else ''} = args")
-        guards += [f"{self.names[vid]}.data_ptr() % {align} != {rest}" for vid, align, rest in dict.fromkeys(self.checks)]
+        guards += [f"{self.names[vid]}.data_ptr() % {align} != {rest}" for vid, align, rest in _strongest(self.checks)]
         if self.cuda_device is not None:
             guards.append(f"cuda_device() != {self.cuda_device}")
         if guards:
