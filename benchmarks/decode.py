@@ -114,13 +114,17 @@ def main(argv=None) -> None:
     del m
     results, ref = {}, None
     for kind in [c for c in a.contenders.split(",") if c]:
+        label, n = kind, 1
+        while label in results:  # a contender named again (an order test) keeps both runs
+            n += 1
+            label = f"{kind} #{n}"
         try:
-            results[kind] = r = _run(kind, a.model, a.layers, device, dtype, state, prompt, tokens, a.steps, ref)
-            if kind == "eager":
+            results[label] = r = _run(kind, a.model, a.layers, device, dtype, state, prompt, tokens, a.steps, ref)
+            if kind == "eager" and ref is None:
                 ref = r
         except Exception as e:  # noqa: BLE001 - a failing contender is reported, never dropped
             traceback.print_exc()
-            results[kind] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            results[label] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         torch._dynamo.reset()
     for r in results.values():
         r.pop("caches", None)

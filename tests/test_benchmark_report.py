@@ -73,3 +73,15 @@ def test_the_model_benchmark_writes_the_schema_other_tools_read(tmp_path, monkey
     assert fuser["error"] is None and fuser["fallbacks"] == [] and fuser["first_call_warm_s"] > 0
     table = (tmp_path / "results" / "models.md").read_text()
     assert "| pythia-410m | thunder+fuser |" in table and "| pythia-410m | eager |" in table
+
+
+def test_a_decode_contender_named_twice_keeps_both_runs(tmp_path):
+    """``benchmarks.decode`` with a contender named again (an order test: does a contender
+    run after torch.compile's run slower?) reports both runs, the second as ``NAME #2``, each
+    checked against the first eager run."""
+    from benchmarks import decode
+
+    decode.main(["--out", str(tmp_path), "--steps", "3", "--layers", "1", "--contenders", "eager,eager"])
+    runs = json.loads((tmp_path / "decode.json").read_text())["contenders"]
+    assert list(runs) == ["eager", "eager #2"]
+    assert runs["eager #2"]["error"] is None and runs["eager #2"]["cache_rel_err"] == 0.0
