@@ -37,7 +37,8 @@ sync = torch.cuda.synchronize if CUDA else (lambda: None)
 
 
 class free_regions:
-    """Within: every region call ``run`` makes returns the outputs of one recorded call."""
+    """Runs ``run`` once, recording each region call's outputs; inside the block every
+    region it called returns those outputs at once (``as`` gives how many regions)."""
 
     def __init__(self, run):
         self.run, self.saved = run, {}
