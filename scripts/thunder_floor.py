@@ -123,7 +123,7 @@ def decode(model: str, layers: int, steps: int) -> None:
             wall(fn, 20)
             rows = [(kind, wall(fn, steps))]
             if kind != "eager":
-                with free_regions(lambda: wall(fn, 1)) as calls:
+                with free_regions(lambda fn=fn: wall(fn, 1)) as calls:
                     rows.append((f"thunder floor ({calls} region calls free)", wall(fn, steps)))
                 rows.append((f"{kind} again", wall(fn, steps)))
             for label, ms in rows:
