@@ -37,5 +37,8 @@ def wrap(kind: str, fn):
         return torch.compile(fn, mode="reduce-overhead")
     if kind == "thunder":
         return thunder.jit(fn)
-    jfn = thunder.jit(fn, executors=thunder_executors(kind))
+    if kind.startswith("thunder+fuser"):
+        jfn = thunder.jit(fn, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
+    else:
+        jfn = thunder.jit(fn, executors=thunder_executors(kind))
     return thunder_fuser.graphed(jfn) if kind.endswith("graphed") else jfn

@@ -84,7 +84,7 @@ def main():
     data = [(torch.randint(0, cfg.vocab_size, (2, seq), generator=g).to(device),
              torch.randint(0, cfg.vocab_size, (2, seq), generator=g).to(device)) for _ in range(a.steps)]
 
-    jmodel = thunder.jit(model, executors=thunder_fuser.executors())
+    jmodel = thunder.jit(model, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
     ours = train(jmodel, model, data, a.steps, "thunder + fuser")
     eager = train(ref, ref, data, a.steps, "eager")
 

@@ -35,7 +35,7 @@ def _caches(model) -> list[torch.Tensor]:
 
 def _decode_matches_eager(name: str, device: str, dtype, tol: float, move_cache_at: int | None = None) -> None:
     ours, ref = _models(name, device, dtype)
-    jm = thunder.jit(ours, executors=thunder_fuser.executors())
+    jm = thunder.jit(ours, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
     prompt = torch.randint(0, 500, (1, 5), device=device)
     with torch.no_grad():
         got, want = jm(prompt, input_pos=torch.arange(5, device=device)), ref(prompt, input_pos=torch.arange(5, device=device))
@@ -129,3 +129,49 @@ def test_a_counter_updated_in_place_each_step(torch_kernels):
 @pytest.mark.parametrize("name", ["Llama-3.2-1B", "pythia-410m"])
 def test_litgpt_decode_on_kernels(name):
     _decode_matches_eager(name, "cuda", torch.bfloat16, 3e-2)
+
+
+def test_a_cache_write_runs_in_place_as_the_program_wrote_it(torch_kernels):
+    """thunder functionalizes ``cache.index_copy_`` into an out-of-place copy of the whole
+    cache and a copy back; the fusion pass writes it in place again
+    (``index_copy_in_place.py``): one ``fuser_index_copy_`` per cache, no copy of a cache."""
+    torch.manual_seed(0)
+    ws = [torch.randn(64, 64) / 8 for _ in range(3)]
+    jstep = thunder.jit(_decode_step, executors=thunder_fuser.executors())
+    caches = [torch.zeros(1, 4, 16, 16), torch.zeros(1, 4, 16, 16)]
+    x, at = torch.randn(1, 1, 64), torch.tensor([3])
+    jstep(x, *caches, at, *ws)
+    trace = str(thunder.last_traces(jstep)[-1])
+    assert trace.count("fuser_index_copy_(") == 2
+    assert "torch.index_copy(" not in trace and "prims.copy_(" not in trace
+
+
+def test_an_index_copy_read_elsewhere_stays_a_copy():
+    """The result of an out-of-place ``index_copy`` that something besides the copy back
+    reads keeps its own memory: the cache's old value is still the copy's base."""
+
+    def f(cache, pos, src):
+        r = cache.index_copy(0, pos, src)
+        cache.copy_(r)
+        return r * 2
+
+    jf = thunder.jit(f, executors=thunder_fuser.executors())
+    ours, theirs = torch.randn(6, 4), None
+    theirs = ours.clone()
+    src, pos = torch.randn(2, 4), torch.tensor([1, 4])
+    torch.testing.assert_close(jf(ours, pos, src), f(theirs, pos, src))
+    torch.testing.assert_close(ours, theirs)
+    assert "fuser_index_copy_" not in str(thunder.last_traces(jf)[-1])
+
+
+def test_a_source_overlapping_its_cache_is_refused_as_eager_refuses_it():
+    def f(cache, pos):
+        cache.index_copy_(0, pos, cache[2:4])
+        return cache * 1
+
+    pos = torch.tensor([0, 1])
+    with pytest.raises(RuntimeError) as eager:
+        f(torch.randn(6, 4), pos)
+    with pytest.raises(RuntimeError) as ours:
+        thunder.jit(f, executors=thunder_fuser.executors())(torch.randn(6, 4), pos)
+    assert str(ours.value) == str(eager.value)

@@ -46,7 +46,7 @@ def _step_matches_eager(name: str, device: str, dtype: torch.dtype, executors, t
     backend and the fallback warnings."""
     ours, ref = _models(name, device, dtype)
     idx, targets = batch(ours, 2, 32, device)
-    jfn = thunder.jit(ours.module, executors=executors)
+    jfn = thunder.jit(ours.module, executors=executors, transforms=thunder_fuser.transforms())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", KernelFallbackWarning)
         loss = jfn(idx, targets)

@@ -30,4 +30,12 @@ def executors() -> list:
     return [attention_ex, sdpa_ex, fuser_ex]
 
 
-__all__ = ["attention_ex", "executors", "explain", "fuser_ex", "graphed"]
+def transforms() -> list:
+    """The transforms a model runs with: ``FastPrologue`` checks thunder's inputs in one
+    call (``prologue.py``). ``thunder.jit(model, executors=executors(), transforms=transforms())``."""
+    from thunder_fuser.prologue import FastPrologue
+
+    return [FastPrologue()]
+
+
+__all__ = ["attention_ex", "executors", "explain", "fuser_ex", "graphed", "transforms"]

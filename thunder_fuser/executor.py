@@ -26,6 +26,7 @@ from thunder.extend import FusionExecutor, register_executor
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.dead_inputs import dead_inputs
+from thunder_fuser.index_copy_in_place import in_place_index_copies
 from thunder_fuser.input_aliases import with_alias_guard
 from thunder_fuser.narrow_loss_gradient import narrow_loss_gradients
 from thunder_fuser.rematerialize import rematerialize_if_safe, writes_in_place
@@ -156,6 +157,7 @@ class FuserExecutor(FusionExecutor):
 
         trace = with_alias_guard(trace)
         trace = narrow_loss_gradients(trace)
+        trace = in_place_index_copies(trace)
         if _on_cuda(trace):  # their start (imports: seconds) overlaps the rest of the first call
             compile_workers.start(arch_of(torch.device("cuda")))
         producers, consumers = utils.producers_and_consumers(trace)
