@@ -226,9 +226,13 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
         torch.cuda.empty_cache()
     out = {"name": name, "config": config, "contenders": {}}
     for kind in contenders:
-        print(f"[{name}] {kind} ...", flush=True)
-        out["contenders"][kind] = r = run_contender(kind, name, layers, batch_size, seq, steps, ref, tiny)
-        print(f"[{name}] {kind}: " + json.dumps({k: v for k, v in r.items() if k != "top_kernels"}), flush=True)
+        label, n = kind, 1
+        while label in out["contenders"]:  # a contender named again (an order test) keeps both runs
+            n += 1
+            label = f"{kind} #{n}"
+        print(f"[{name}] {label} ...", flush=True)
+        out["contenders"][label] = r = run_contender(kind, name, layers, batch_size, seq, steps, ref, tiny)
+        print(f"[{name}] {label}: " + json.dumps({k: v for k, v in r.items() if k != "top_kernels"}), flush=True)
     return out
 
 

@@ -51,10 +51,9 @@ def table(models: list[dict]) -> str:
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for m in models:
         tc = m["contenders"].get("torch.compile", {}).get("step_ms")
-        for kind in CONTENDERS:
-            r = m["contenders"].get(kind)
-            if r is None:
-                continue
+        # the usual order, then any other run (a contender named again: ``NAME #2``)
+        for kind in [k for k in CONTENDERS if k in m["contenders"]] + [k for k in m["contenders"] if k not in CONTENDERS]:
+            r = m["contenders"][kind]
             ratio = f"{tc / r['step_ms']:.2f}" if tc and r.get("step_ms") else ""
             first = _cell(r, "first_call_s") + (f" ({r['first_call_warm_s']})" if r.get("first_call_warm_s") else "")
             fb = len(r["fallbacks"]) if "fallbacks" in r else ""

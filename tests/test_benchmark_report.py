@@ -53,7 +53,8 @@ def test_segments_on_the_reference_backend_are_reported(tmp_path):
 
 def test_the_model_benchmark_writes_the_schema_other_tools_read(tmp_path, monkeypatch):
     """``benchmarks.models`` on the CPU (tiny models: the harness's smoke test) and its merge:
-    ``models.json`` as issue 30 specifies it, ``models.md`` with every contender's row."""
+    ``models.json`` as issue 30 specifies it, ``models.md`` with every contender's row, a
+    contender named twice as ``NAME #2``."""
     pytest.importorskip("litgpt")
     from benchmarks import models
 
@@ -61,7 +62,7 @@ def test_the_model_benchmark_writes_the_schema_other_tools_read(tmp_path, monkey
         monkeypatch.delenv(var, raising=False)  # the run sets them: undone after the test
 
     models.main(["--tiny", "--out", str(tmp_path / "run"), "--models", "pythia-410m", "--contenders",
-                 "eager,thunder+fuser", "--seq", "16", "--steps", "1"])
+                 "eager,thunder+fuser,eager", "--seq", "16", "--steps", "1"])
     models.main(["--merge", str(tmp_path / "run"), "--results", str(tmp_path / "results")])
     data = json.loads((tmp_path / "results" / "models.json").read_text())
     assert set(data) == {"device", "models"}
@@ -73,6 +74,8 @@ def test_the_model_benchmark_writes_the_schema_other_tools_read(tmp_path, monkey
     assert fuser["error"] is None and fuser["fallbacks"] == [] and fuser["first_call_warm_s"] > 0
     table = (tmp_path / "results" / "models.md").read_text()
     assert "| pythia-410m | thunder+fuser |" in table and "| pythia-410m | eager |" in table
+    # a contender named again (an order test) keeps both runs
+    assert list(m["contenders"]) == ["eager", "thunder+fuser", "eager #2"] and "| pythia-410m | eager #2 |" in table
 
 
 def test_a_decode_contender_named_twice_keeps_both_runs(tmp_path):
