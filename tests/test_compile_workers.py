@@ -263,13 +263,16 @@ def test_a_graph_is_captured_only_after_a_call_that_queued_nothing(stand_in):
     import thunder_fuser
     from thunder_fuser.graphs import graphed
 
+    def step(*args):  # a kernel after attention (the cache writes are torch's, the rest views)
+        return torch.tanh(_decode_step(*args))
+
     ws = _weights()
-    g = graphed(thunder.jit(_decode_step, executors=thunder_fuser.executors()), warmup=1, backend=RecordingGraphs())
+    g = graphed(thunder.jit(step, executors=thunder_fuser.executors()), warmup=1, backend=RecordingGraphs())
     ours, theirs = [torch.zeros(1, 4, 16, 16) for _ in range(2)], [torch.zeros(1, 4, 16, 16) for _ in range(2)]
     seen = []
     for pos in range(5):
         x, at = torch.randn(1, 1, 64), torch.tensor([pos])
-        torch.testing.assert_close(g(x, *ours, at, *ws), _decode_step(x, *theirs, at, *ws))
+        torch.testing.assert_close(g(x, *ours, at, *ws), step(x, *theirs, at, *ws))
         for c, w in zip(ours, theirs):
             torch.testing.assert_close(c, w)
         seen.append((g.queued_last, g.captures, stand_in.launches > 0))
@@ -283,3 +286,21 @@ def test_nothing_is_queued_while_paused(monkeypatch):
         assert compile_workers.count() == 0
         assert not compile_workers.submit("a digest", [], "sm_90a")
     assert compile_workers.count() == 3
+
+
+def test_workers_start_with_the_executors_on_a_cuda_machine(monkeypatch):
+    """``thunder_fuser.executors()`` starts the workers where CUDA kernels will be built, so
+    their imports overlap thunder's tracing of the first call; elsewhere it starts nothing."""
+    import thunder_fuser
+    from thunder_fuser.kernels import backend
+
+    started = []
+    monkeypatch.setattr(compile_workers, "start", started.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    thunder_fuser.executors()
+    assert started == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(backend, "cute_on", lambda device_type: device_type == "cuda")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    thunder_fuser.executors()
+    assert started == ["sm_90a"]

@@ -20,8 +20,9 @@ Workers are ``python -c`` subprocesses (``COMMAND``) that serve ``_serve``, not 
 A job travels as a pickle of the kernel's programs and geometries, framed by its length.
 ``THUNDER_FUSER_COMPILE_WORKERS=N`` sets how many (default: up to 8, two CPU cores kept
 for the process that trains; ``0`` compiles in the calling process, at the first call, as
-before). They start when the fusion pass meets a trace that takes CUDA tensors (their
-imports take seconds, which then overlap thunder's work) and stay until the process exits.
+before). They start with ``thunder_fuser.executors()`` on a CUDA machine, else when the fusion
+pass meets a trace that takes CUDA tensors (their imports take seconds, which then overlap
+thunder's work), and stay until the process exits.
 """
 
 from __future__ import annotations
