@@ -26,6 +26,7 @@ import operator
 
 import torch
 from thunder.core import prims
+from thunder.core.proxies import NumberProxy
 from thunder.core.trace import from_trace, TraceProvenance
 from thunder.core.transform_common import Transform
 from thunder.executors.pythonex import (
@@ -80,7 +81,7 @@ def _batchable(bsym) -> bool:
         return all(type(s) is int for s in bsym.args[1])
     if bsym.sym.id == prims.PrimIDs.CHECK_NUMBER_TYPE_AND_VALUE:
         n, v = bsym.args
-        return isinstance(n, prims.NumberProxy) and v == v  # NaN equals itself only by thunder's rule
+        return isinstance(n, NumberProxy) and v == v  # NaN equals itself only by thunder's rule
     return False
 
 
