@@ -1,19 +1,20 @@
 """Decode steps with a KV cache beside every peer (issue 33): wall time per one-token step at
 batch 1, and the cache and logits against eager's.
 
-    python -m benchmarks.decode --out DIR [--model Llama-3.2-1B --layers 4 --steps 200]
+    python -m benchmarks.decode --out DIR [--model Llama-3.2-1B|hf-Llama --layers 4 --steps 200]
 
-litgpt's ``GPT`` with its own KV cache (``set_kv_cache``), real config cut to ``--layers``,
-bf16 on a GPU (tiny fp32 on the CPU: the harness's smoke test). Per contender: a fresh model
-with the same weights and cache, a 16-token prefill, then ``WARMUP`` untimed and ``--steps`` timed
-one-token steps on the wall clock (the host waits for each step, as generation does). Before the timed steps,
-4 steps with the same given tokens for every contender (its own argmax would pick another
-token wherever random weights give near-ties, and every later cache entry would differ);
-after them its logits and every layer's cache are checked against eager's. Contenders: eager,
-torch.compile (default and mode="reduce-overhead"), thunder + torch.compile executor,
-thunder + fuser, and thunder + fuser replayed as CUDA graphs (``thunder_fuser.graphed``).
-transformers' models are not among them: thunder 0.2.6 cannot trace their caches
-(``tests/test_models.py``). Writes ``decode.json``; prints a table last.
+litgpt's ``GPT`` with its own KV cache (``set_kv_cache``), or (``--model hf-Llama``,
+``hf-Qwen2``) a transformers model with its ``StaticCache`` (its default ``DynamicCache``
+does not trace in thunder 0.2.6: ``tests/test_models.py``), real config cut to
+``--layers``, bf16 on a GPU (tiny fp32 on the CPU: the harness's smoke test). Per
+contender: a fresh model with the same weights and cache, a 16-token prefill, then
+``WARMUP`` untimed and ``--steps`` timed one-token steps on the wall clock (the host waits
+for each step, as generation does). Before the timed steps, 4 steps with the same given
+tokens for every contender (its own argmax would pick another token wherever random weights
+give near-ties, and every later cache entry would differ); after them its logits and every
+layer's cache are checked against eager's. Contenders: eager, torch.compile (default and
+mode="reduce-overhead"), thunder + torch.compile executor, thunder + fuser, and thunder +
+fuser replayed as CUDA graphs (``thunder_fuser.graphed``). Writes ``decode.json``; prints a table last.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import traceback
 import torch
 
 from benchmarks.contenders import wrap  # imports thunder_fuser before thunder (torch compat stubs)
+from benchmarks.model_zoo import HF, HF_SIZES, TINY_HF
 
 CONTENDERS = ("eager", "torch.compile", "torch.compile reduce-overhead", "thunder+torchcompile", "thunder+fuser",
               "thunder+fuser graphed")
@@ -38,27 +40,55 @@ PROMPT = 16
 WARMUP = 100
 
 
+class HFStaticDecode(torch.nn.Module):
+    """A transformers causal LM with its ``StaticCache`` (preallocated, written in place by
+    ``index_copy_``), called as litgpt's ``GPT`` is: ``(idx, input_pos) -> logits``."""
+
+    def __init__(self, model, cache):
+        super().__init__()
+        self.model, self.cache = model, cache
+
+    def forward(self, idx, input_pos):
+        return self.model(input_ids=idx, past_key_values=self.cache, cache_position=input_pos, use_cache=True).logits
+
+
 def _model(name: str, layers: int, device, dtype, state=None):
+    """(module, vocabulary size): litgpt's ``GPT`` with its KV cache, or (``hf-Llama``,
+    ``hf-Qwen2``) a transformers model with its static cache."""
+    torch.manual_seed(0)
+    if name in HF:
+        import transformers
+
+        sizes = HF_SIZES[name] if device.type == "cuda" else TINY_HF
+        kind = name.split("-", 1)[1]
+        cfg = getattr(transformers, f"{kind}Config")(num_hidden_layers=layers, attn_implementation="sdpa", **sizes)
+        m = getattr(transformers, f"{kind}ForCausalLM")(cfg)
+        if state is not None:
+            m.load_state_dict(state, strict=False)
+        m = m.to(device=device, dtype=dtype).eval()
+        cache = transformers.StaticCache(config=cfg, max_batch_size=1, max_cache_len=512, device=device, dtype=dtype)
+        return HFStaticDecode(m, cache), sizes["vocab_size"]
     import litgpt
 
     tiny = {} if device.type == "cuda" else dict(n_embd=64, n_head=4, n_query_groups=2, head_size=16,
                                                   intermediate_size=128, padded_vocab_size=512, vocab_size=500)
     cfg = litgpt.Config.from_name(name, n_layer=layers, block_size=1024, **tiny)
-    torch.manual_seed(0)
     m = litgpt.GPT(cfg)
     if state is not None:
         m.load_state_dict(state, strict=False)
     m = m.to(device=device, dtype=dtype).eval()
     m.set_kv_cache(batch_size=1, max_seq_length=512, device=device, dtype=dtype)
-    return m, cfg
+    return m, cfg.vocab_size
 
 
 def _caches(m) -> list[torch.Tensor]:
+    if isinstance(m, HFStaticDecode):
+        return list(m.cache.key_cache) + list(m.cache.value_cache)
     return [t for block in m.transformer.h for t in (block.attn.kv_cache.k, block.attn.kv_cache.v)]
 
 
 def _run(kind, name, layers, device, dtype, state, prompt, tokens, steps, ref=None) -> dict:
-    m, cfg = _model(name, layers, device, dtype, state)
+    m, _ = _model(name, layers, device, dtype, state)
     fn = wrap(kind, m)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     r: dict = {"error": None}
@@ -110,11 +140,12 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
-    m, cfg = _model(a.model, a.layers, device, dtype)
-    state = {k: v for k, v in m.state_dict().items() if "kv_cache" not in k}
+    m, vocab = _model(a.model, a.layers, device, dtype)
+    inner = m.model if isinstance(m, HFStaticDecode) else m
+    state = {k: v for k, v in inner.state_dict().items() if "kv_cache" not in k}
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
-    tokens = torch.randint(0, cfg.vocab_size, (4,), generator=g).to(device)
+    prompt = torch.randint(0, vocab, (1, PROMPT), generator=g).to(device)
+    tokens = torch.randint(0, vocab, (4,), generator=g).to(device)
     del m
     results, ref = {}, None
     for kind in [c for c in a.contenders.split(",") if c]:

@@ -45,7 +45,7 @@ def main() -> None:
     device = torch.device("cuda")
     rows = []
     for kind in a.contenders.split(","):
-        m, cfg = _model(a.model, a.layers, device, torch.bfloat16)
+        m, _ = _model(a.model, a.layers, device, torch.bfloat16)
         fn = wrap(kind, m)
         token = torch.zeros(1, 1, dtype=torch.long, device=device)
         with torch.no_grad():

@@ -175,3 +175,26 @@ def test_a_source_overlapping_its_cache_is_refused_as_eager_refuses_it():
     with pytest.raises(RuntimeError) as ours:
         thunder.jit(f, executors=thunder_fuser.executors())(torch.randn(6, 4), pos)
     assert str(ours.value) == str(eager.value)
+
+
+def test_a_transformers_model_decodes_with_its_static_cache(torch_kernels):
+    """transformers' ``StaticCache`` (a preallocated cache written by ``index_copy_``) traces
+    in thunder 0.2.6, unlike its default ``DynamicCache`` (``test_models.py``): a prefill and
+    six one-token steps of its Llama, logits and every layer's cache against eager's after
+    each step, each cache write in place (``index_copy_in_place.py``)."""
+    pytest.importorskip("transformers")
+    from benchmarks.decode import _caches, _model
+
+    ours, _ = _model("hf-Llama", 2, torch.device("cpu"), torch.float32)
+    theirs, _ = _model("hf-Llama", 2, torch.device("cpu"), torch.float32, state=ours.model.state_dict())
+    jm = thunder.jit(ours, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
+    with torch.no_grad():
+        prompt = torch.randint(0, 500, (1, 5))
+        torch.testing.assert_close(jm(prompt, torch.arange(5)), theirs(prompt, torch.arange(5)))
+        for pos in range(5, 11):
+            token, at = torch.randint(0, 500, (1, 1)), torch.tensor([pos])
+            torch.testing.assert_close(jm(token, at), theirs(token, at))
+            for c, w in zip(_caches(ours), _caches(theirs)):
+                torch.testing.assert_close(c, w)
+    assert _caches(ours)[0][:, :, :11].abs().sum() > 0  # the cache the module holds was written
+    assert str(thunder.last_traces(jm)[-1]).count("fuser_index_copy_(") == 4  # 2 layers, key and value
