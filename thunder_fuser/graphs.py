@@ -8,7 +8,11 @@ the caller holds it, not in a copy the graph made. ``graphed(step)`` wraps any s
 
 * inputs whose storage is the same from call to call (parameters, buffers, a KV cache) are
   read and written where they live: their addresses are part of the graph's key, so an
-  input at a new address captures another graph and no graph replays over stale pointers;
+  input at a new address captures another graph and no graph replays over stale pointers.
+  Only the tensors passed as arguments are seen: what a module holds itself (its
+  parameters, a KV cache from litgpt's ``set_kv_cache`` or a transformers ``StaticCache``)
+  is captured at the addresses it had, so a step whose module reallocates one needs a new
+  ``graphed`` (not yet detected: keying on the tensors thunder's prologue unpacks would);
 * inputs that move from call to call (the token, the position, a mask) are copied into
   static buffers before each replay, and copied back after it (a step that writes one in
   place still writes the caller's tensor);
