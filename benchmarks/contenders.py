@@ -25,6 +25,22 @@ def thunder_executors(kind: str) -> list | None:
     return None
 
 
+def thunder_transforms(kind: str) -> list | None:
+    """The transforms of a thunder contender: thunder + fuser's (``thunder_fuser.transforms()``,
+    as the README recommends), none for the others."""
+    return thunder_fuser.transforms() if kind.startswith("thunder+fuser") else None
+
+
+def run_label(kind: str, taken) -> str:
+    """``kind``, or ``kind #2``, ``#3``... where ``taken`` holds a run of it already (an order
+    test runs a contender again; each run keeps its own results)."""
+    label, n = kind, 1
+    while label in taken:
+        n += 1
+        label = f"{kind} #{n}"
+    return label
+
+
 def wrap(kind: str, fn):
     """``fn`` as contender ``kind`` runs it: eager, torch.compile (``... reduce-overhead``:
     with its CUDA graphs), thunder, thunder+torchcompile, thunder+fuser (``... graphed``:
@@ -37,8 +53,5 @@ def wrap(kind: str, fn):
         return torch.compile(fn, mode="reduce-overhead")
     if kind == "thunder":
         return thunder.jit(fn)
-    if kind.startswith("thunder+fuser"):
-        jfn = thunder.jit(fn, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
-    else:
-        jfn = thunder.jit(fn, executors=thunder_executors(kind))
+    jfn = thunder.jit(fn, executors=thunder_executors(kind), transforms=thunder_transforms(kind))
     return thunder_fuser.graphed(jfn) if kind.endswith("graphed") else jfn

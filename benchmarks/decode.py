@@ -28,8 +28,8 @@ import traceback
 
 import torch
 
-from benchmarks.contenders import wrap  # imports thunder_fuser before thunder (torch compat stubs)
-from benchmarks.model_zoo import HF, HF_SIZES, TINY_HF
+from benchmarks.contenders import run_label, wrap  # imports thunder_fuser before thunder (torch compat stubs)
+from benchmarks.model_zoo import HF, hf_causal_lm
 
 CONTENDERS = ("eager", "torch.compile", "torch.compile reduce-overhead", "thunder+torchcompile", "thunder+fuser",
               "thunder+fuser graphed")
@@ -59,14 +59,12 @@ def _model(name: str, layers: int, device, dtype, state=None):
     if name in HF:
         import transformers
 
-        sizes = HF_SIZES[name] if device.type == "cuda" else TINY_HF
-        kind = name.split("-", 1)[1]
-        cfg = getattr(transformers, f"{kind}Config")(num_hidden_layers=layers, attn_implementation="sdpa", **sizes)
-        m = getattr(transformers, f"{kind}ForCausalLM")(cfg)
+        m, sizes = hf_causal_lm(name, layers, tiny=device.type != "cuda")
         if state is not None:
             m.load_state_dict(state, strict=False)
         m = m.to(device=device, dtype=dtype).eval()
-        cache = transformers.StaticCache(config=cfg, max_batch_size=1, max_cache_len=512, device=device, dtype=dtype)
+        cache = transformers.StaticCache(config=m.config, max_batch_size=1, max_cache_len=512, device=device,
+                                         dtype=dtype)
         return HFStaticDecode(m, cache), sizes["vocab_size"]
     import litgpt
 
@@ -149,10 +147,7 @@ def main(argv=None) -> None:
     del m
     results, ref = {}, None
     for kind in [c for c in a.contenders.split(",") if c]:
-        label, n = kind, 1
-        while label in results:  # a contender named again (an order test) keeps both runs
-            n += 1
-            label = f"{kind} #{n}"
+        label = run_label(kind, results)
         try:
             results[label] = r = _run(kind, a.model, a.layers, device, dtype, state, prompt, tokens, a.steps, ref)
             if kind == "eager" and ref is None:

@@ -33,7 +33,7 @@ def _wrap(kind: str, module, device):
     import thunder
     from thunder.distributed import FSDPType, fsdp
 
-    from benchmarks.contenders import thunder_executors
+    from benchmarks.contenders import thunder_executors, thunder_transforms
 
     if kind == "torch.compile + FSDP2":
         from torch.distributed.fsdp import fully_shard
@@ -42,7 +42,7 @@ def _wrap(kind: str, module, device):
             fully_shard(block)
         fully_shard(module)
         return torch.compile(module)
-    jm = thunder.jit(module, executors=thunder_executors(kind))
+    jm = thunder.jit(module, executors=thunder_executors(kind), transforms=thunder_transforms(kind))
     if kind == "thunder+fuser 1 GPU":
         return jm
     strategy = FSDPType.ZERO2 if kind.endswith("zero2") else FSDPType.ZERO3

@@ -83,17 +83,25 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
     elif name in HF:
         import transformers
 
-        sizes = TINY_HF if tiny else HF_SIZES[name]
-        kind = name.split("-", 1)[1]
-        cfg_cls = getattr(transformers, f"{kind}Config")
-        model_cls = getattr(transformers, f"{kind}ForCausalLM")
-        cfg = cfg_cls(num_hidden_layers=layers, use_cache=False, attn_implementation="sdpa", **sizes)
-        module = HFWithLoss(model_cls(cfg))
+        model, sizes = hf_causal_lm(name, layers, tiny, use_cache=False)
+        module = HFWithLoss(model)
         config = dict(source=f"transformers {transformers.__version__}", num_hidden_layers=layers, **sizes)
         vocab = sizes["vocab_size"]
     else:
         raise ValueError(f"unknown model {name!r}; one of {MODELS}")
     return Built(name, module.to(device=device, dtype=dtype), config, vocab)
+
+
+def hf_causal_lm(name: str, layers: int, tiny: bool, **options):
+    """(transformers' causal LM ``name`` of ``HF`` with ``layers`` layers, its sizes):
+    the training benchmark's and the decode benchmark's, ``options`` their config's own."""
+    import transformers
+
+    sizes = TINY_HF if tiny else HF_SIZES[name]
+    kind = name.split("-", 1)[1]
+    cfg = getattr(transformers, f"{kind}Config")(num_hidden_layers=layers, attn_implementation="sdpa", **options,
+                                                 **sizes)
+    return getattr(transformers, f"{kind}ForCausalLM")(cfg), sizes
 
 
 def batch(built: Built, batch_size: int, seq: int, device="cpu", seed: int = 1):

@@ -41,7 +41,7 @@ import torch
 import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
 import thunder
 
-from benchmarks.contenders import wrap
+from benchmarks.contenders import run_label, wrap
 from benchmarks.model_zoo import MODELS, batch, build
 
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
@@ -226,10 +226,7 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
         torch.cuda.empty_cache()
     out = {"name": name, "config": config, "contenders": {}}
     for kind in contenders:
-        label, n = kind, 1
-        while label in out["contenders"]:  # a contender named again (an order test) keeps both runs
-            n += 1
-            label = f"{kind} #{n}"
+        label = run_label(kind, out["contenders"])
         print(f"[{name}] {label} ...", flush=True)
         out["contenders"][label] = r = run_contender(kind, name, layers, batch_size, seq, steps, ref, tiny)
         print(f"[{name}] {label}: " + json.dumps({k: v for k, v in r.items() if k != "top_kernels"}), flush=True)

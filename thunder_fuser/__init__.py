@@ -27,24 +27,12 @@ def executors() -> list:
     ``sdpa_ex`` for the attention calls ours declines (a mask, dropout), then ``fuser_ex``."""
     from thunder.executors.sdpaex import sdpa_ex
 
-    _start_compile_workers()
-    return [attention_ex, sdpa_ex, fuser_ex]
-
-
-def _start_compile_workers() -> None:
-    """On a CUDA machine the kernel compile workers start with ``executors()``: their imports
-    (8-15 s on the H100 machine's host) then overlap thunder's tracing of the first call
-    rather than follow it (``kernels/compile_workers.py``)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return
     from thunder_fuser.kernels import compile_workers
-    from thunder_fuser.kernels.backend import cute_on
-    from thunder_fuser.kernels.segment_kernel import arch_of
 
-    if cute_on("cuda"):
-        compile_workers.start(arch_of(torch.device("cuda")))
+    # on a CUDA machine the workers' imports (8-15 s on the H100 host) then overlap thunder's
+    # tracing of the first call rather than follow it
+    compile_workers.start_for_cuda()
+    return [attention_ex, sdpa_ex, fuser_ex]
 
 
 def transforms() -> list:

@@ -41,8 +41,6 @@ from thunder_fuser.ir.reshape_first import reshape_first
 from thunder_fuser.ir.scalar_broadcasts import read_scalars_unbroadcast
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
 from thunder_fuser.kernels import compile_workers
-from thunder_fuser.kernels.backend import cute_on
-from thunder_fuser.kernels.segment_kernel import arch_of
 from thunder_fuser.layout import matmul_reads
 from thunder_fuser.printing import op_line, segment_lines
 from thunder_fuser.runtime.region_runner import RegionRunner, region_runner
@@ -159,7 +157,7 @@ class FuserExecutor(FusionExecutor):
         trace = narrow_loss_gradients(trace)
         trace = in_place_index_copies(trace)
         if _on_cuda(trace):  # their start (imports: seconds) overlaps the rest of the first call
-            compile_workers.start(arch_of(torch.device("cuda")))
+            compile_workers.start_for_cuda()
         producers, consumers = utils.producers_and_consumers(trace)
 
         def _should_fuse(a: Node, b: Node) -> bool:
@@ -210,12 +208,12 @@ _MATMUL_NAMES = {"matmul": "matmul", "bmm": "matmul", "linear": "linear"}
 
 
 def _on_cuda(trace: TraceCtx) -> bool:
-    """Does the trace take a CUDA tensor, with CuTe kernels on?"""
+    """Does the trace take a CUDA tensor?"""
     try:
         args = tree_flatten((trace.args, trace.kwargs))[0]
     except TypeError:  # an argument pytree cannot flatten: no early start (the first kernel starts them)
         return False
-    return any(isinstance(a, TensorProxy) and a.device.type == "cuda" for a in args) and cute_on("cuda")
+    return any(isinstance(a, TensorProxy) and a.device.type == "cuda" for a in args)
 
 
 def _matmul_calls(bsyms):

@@ -110,6 +110,18 @@ def start(arch: str) -> None:
             _start_worker(arch)
 
 
+def start_for_cuda() -> None:
+    """``start`` for this machine's GPU, where CuTe kernels run on it (``executors()`` on a
+    CUDA machine, the fusion pass at a trace that takes CUDA tensors)."""
+    import torch
+
+    from thunder_fuser.kernels.backend import cute_on
+    from thunder_fuser.kernels.segment_kernel import arch_of
+
+    if torch.cuda.is_available() and cute_on("cuda"):
+        start(arch_of(torch.device("cuda")))
+
+
 def _portable(members: list) -> list | None:
     """The members as they travel: a geometry finds its loads' operands by the loads'
     ``id``, which a pickle does not keep, so each load's slot goes beside it by position
