@@ -54,10 +54,30 @@ def _forward_meta(q, k, v, bias, is_causal: bool, scale: float):
     return out, lse, seed, offset
 
 
+def cudnn_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``bias`` as cuDNN reads it: its last dim dense and every other stride (but a
+    broadcast's 0) a multiple of 16 bytes. torch's own SDPA pads and copies a mask so before
+    it calls cuDNN (``preprocess_mask``); we call cuDNN's op directly, and a region may lay a
+    mask out otherwise (a prefill's causal mask built from ``cache_position`` came out
+    column-major, and cuDNN failed on it). The copy is of the mask's own elements: its
+    broadcast dims stay broadcast, and its rows are padded to 16 bytes, as torch's are."""
+    if bias is None:
+        return None
+    align = max(1, 16 // bias.element_size())
+    strides, sizes = bias.stride(), bias.shape
+    if (strides[-1] == 1 or sizes[-1] == 1) and all(
+            s % align == 0 for n, s in zip(sizes[:-1], strides[:-1]) if n != 1 and s != 0):
+        return bias
+    base = bias[tuple(slice(0, 1) if s == 0 else slice(None) for s in strides)]
+    keys = sizes[-1]
+    dense = base.new_empty((*base.shape[:-1], -(-keys // align) * align))[..., :keys]
+    return dense.copy_(base).expand(sizes)
+
+
 def _forward(q, k, v, bias, is_causal: bool, scale: float):
     if q.device.type == "cuda":
         out, lse, _, _, _, _, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, bias, True, 0.0, is_causal, False, scale=scale)
+            q, k, v, cudnn_bias(bias), True, 0.0, is_causal, False, scale=scale)
         return out, lse, seed, offset
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, is_causal, attn_mask=bias, scale=scale)
@@ -83,7 +103,7 @@ def _backward(g, q, k, v, out, lse, seed, offset, bias, is_causal: bool, scale: 
     if q.device.type == "cuda":
         # cum_seq_q/k: None (undefined: not a nested batch); max_q/k: the sequence lengths
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            g, q, k, v, out, lse, seed, offset, bias, None, None, q.shape[2], k.shape[2], 0.0, is_causal, scale=scale)
+            g, q, k, v, out, lse, seed, offset, cudnn_bias(bias), None, None, q.shape[2], k.shape[2], 0.0, is_causal, scale=scale)
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         g, q, k, v, out, lse, 0.0, is_causal, attn_mask=bias, scale=scale)
     return tuple(_laid_out_like(x, gx) for x, gx in zip((q, k, v), grads))

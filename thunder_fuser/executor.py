@@ -26,6 +26,7 @@ from thunder.extend import FusionExecutor, register_executor
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.dead_inputs import dead_inputs
+from thunder_fuser.hoist_externs import hoist_externs
 from thunder_fuser.index_copy_in_place import in_place_index_copies
 from thunder_fuser.input_aliases import with_alias_guard
 from thunder_fuser.narrow_loss_gradient import narrow_loss_gradients
@@ -170,6 +171,7 @@ class FuserExecutor(FusionExecutor):
         counter = 0
         noted = from_trace(trace)
         noted.bound_symbols, notes = lift_notes(trace.bound_symbols)
+        noted.bound_symbols = hoist_externs(noted.bound_symbols, self.can_fuse)
         for bsyms in fuse_bound_symbols(noted, _should_fuse):
             if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
                 fused.append((bsyms[0], bsyms))

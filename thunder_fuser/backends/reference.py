@@ -14,6 +14,7 @@ from numbers import Number
 import torch
 
 from thunder_fuser.ir.region import Node, Value, map_values
+from thunder_fuser.layout.allocation_order import strides_for_order
 
 
 def _div(a, b):
@@ -98,6 +99,17 @@ def _copy_to_out_(computed, *, out):
     return _copy_(computed, out)
 
 
+def _stride_order(a: torch.Tensor, order) -> torch.Tensor:
+    """thunder's stride_order: ``a`` itself where it is dense with its strides ordered like
+    ``order`` (``order[d]``: the rank of dim d's stride, 0 the innermost), else a copy laid
+    out so, as ``Tensor.contiguous`` does."""
+    dims = sorted(range(a.ndim), key=lambda d: -order[d])  # outermost first
+    want = strides_for_order(a.shape, dims)
+    if all(n == 1 or s == w for n, s, w in zip(a.shape, a.stride(), want)):
+        return a
+    return torch.empty_strided(a.shape, want, dtype=a.dtype, device=a.device).copy_(a)
+
+
 REFERENCE_IMPLS = {
     "abs": torch.abs, "neg": operator.neg, "exp": torch.exp, "exp2": torch.exp2,
     "expm1": torch.expm1, "log": torch.log, "log1p": torch.log1p, "log2": torch.log2,
@@ -122,6 +134,7 @@ REFERENCE_IMPLS = {
     "broadcast_in_dim": _broadcast_in_dim, "reshape": torch.reshape,
     "transpose": torch.permute, "squeeze": lambda a, dims: a.squeeze(tuple(dims)) if dims else a,
     "shallow_copy": lambda a: a,
+    "stride_order": _stride_order,
     "slice_prim": _slice, "cat": lambda tensors, dim: torch.cat(list(tensors), dim), "pad": _pad,
     "sum": _reduce(torch.sum), "amax": _reduce(torch.amax), "amin": _reduce(torch.amin),
     "prod": _reduce(lambda a, dims: _prod(a, dims)),

@@ -10,20 +10,22 @@ value it stores, when no one can observe the memory between it and the next writ
   before that second write; and nothing else reads ``d``'s memory in between (a view of
   ``d`` would see the first write). The second write then targets ``d`` directly.
 * **into a temporary**: ``o = copy_to_out_(c, out=t)`` where ``t``'s memory belongs to a
-  value computed in this region (not an input's), no returned value shares that memory,
-  and nothing after the write reads it through any view. The buffer is then invisible, so
-  ``o`` is simply ``c``.
+  value computed in this region (not an input's), and after the write nothing reads it,
+  nor is any of it returned, other than as ``o`` or views taken of ``o`` (transformers'
+  causal mask: ``full``, then ``mask *= arange > position``, then views of it returned).
+  The buffer is then invisible, so ``o`` is simply ``c`` (and those views, views of ``c``).
 """
 
 from __future__ import annotations
 
+from thunder_fuser.ir.ops import METADATA
 from thunder_fuser.ir.region import Region, Value, map_values
 
 
 def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
     """Rewrite ``region`` in place; ``roots`` maps value ids to their storage root."""
     out_ids = {id(v) for v in region.outputs}
-    hidden = {id(v) for v in region.inputs} | {id(roots.get(id(v), v)) for v in region.outputs}
+    inputs = {id(v) for v in region.inputs}
     nodes = region.nodes
     # one pass: who reads each value, and who reads each memory (through any view)
     reads: dict[int, list[int]] = {}
@@ -50,8 +52,8 @@ def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
             if any(j > nxt for j in later_reads) or read_between(root, o, i, nxt):
                 continue
             nodes[nxt].kwargs["out"] = dst
-        elif id(root) in hidden or read_between(root, o, i, len(nodes)):
-            continue  # not a temporary, or read after the write
+        elif id(root) in inputs or _seen_other_than_through(o, i, root, nodes, roots, memory_reads, region.outputs):
+            continue  # not a temporary, or its memory read after the write other than as o
         subst[id(o)] = w.args[0]
         drop.add(i)
         region.notes.append(f"{o.name}: write into {dst.name} elided (overwritten or invisible before any read)")
@@ -66,3 +68,15 @@ def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
         n.kwargs = {k: (v if k == "out" else map_values(v, swap)) for k, v in n.kwargs.items()}
         kept.append(n)
     region.nodes = kept
+
+
+def _seen_other_than_through(o: Value, i: int, root: Value, nodes, roots, memory_reads, outputs) -> bool:
+    """Is ``root``'s memory read after node ``i``, or returned, other than as ``o`` (written
+    by node ``i``) or a view taken of ``o``?"""
+    through = {id(o)}
+    for n in nodes[i + 1:]:
+        if n.op in METADATA and n.args and isinstance(n.args[0], Value) and id(n.args[0]) in through:
+            through.update(id(x) for x in n.outputs)
+    if any(j > i and id(v) not in through for j, v in memory_reads.get(id(root), ())):
+        return True
+    return any(roots.get(id(v), v) is root and id(v) not in through for v in outputs)

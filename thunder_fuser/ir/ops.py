@@ -23,7 +23,10 @@ BINARY = (
 TERNARY = ("where", "lerp")
 CAST = ("convert_element_type",)
 CREATION = ("full", "iota")
-VIEW = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy")
+# stride_order (``x.contiguous()``): the same values; a view where its operand is already
+# dense in the order, else a copy laid out so (torch's rule). Inside a kernel it reads as its
+# operand; only a tensor the region hands out keeps the layout (``layout/allocation_order``)
+VIEW = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy", "stride_order")
 RESIZE = ("slice_prim", "cat", "pad")
 # ops that only re-describe their operand's memory: torch may return a view of it
 METADATA = VIEW + ("slice_prim",)

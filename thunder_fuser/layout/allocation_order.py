@@ -42,7 +42,7 @@ def _node_dim_map(node: Node, operand: Value) -> list[list[tuple[int, int, int]]
     out = node.outputs[0]
     op = node.op
     kind = kind_of(op)
-    if kind == "pointwise" or op in ("shallow_copy", "copy_", "copy_to_out_"):
+    if kind == "pointwise" or op in ("shallow_copy", "stride_order", "copy_", "copy_to_out_"):
         if operand.ndim != out.ndim:
             return [[] for _ in range(out.ndim)]
         return [[] if d in operand.broadcast_dims else [(d, 0, 1)] for d in range(out.ndim)]
@@ -163,6 +163,9 @@ def infer_allocation_orders(
                 result[id(out)] = result.get(id(dst), tuple(range(out.ndim)))
                 continue
             if node.op == "update_aliases":
+                continue
+            if node.op == "stride_order":  # the order the program asked for (order[d]: dim d's rank)
+                result[id(out)] = tuple(sorted(range(out.ndim), key=lambda d: -node.args[1][d]))
                 continue
             result[id(out)] = _infer_one(out, prov[id(out)], inputs, input_orders, input_broadcast)
         if node.op == "update_aliases":

@@ -130,6 +130,10 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
     the reason. ``dependent``: ``seg`` produces one of ``node``'s inputs."""
     if seg.kind in ("alias", "reference"):
         return f"segment {seg.index} is a memory barrier ({seg.kind})"
+    if node.op == "reshape" and (laid := _laid_out_in(seg, node)) is not None:
+        # x.contiguous().reshape(...): the program made x dense so the reshape is a view; a
+        # kernel reading through both would need that copy at the operand's strides
+        return f"reshape reads {laid}, which stride_order lays out first"
     if _joins_per_column(seg, node, k, dom):
         return None
     if any(id(v) in seg.column_values for v in node.inputs()):
@@ -187,6 +191,12 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
     if dom in (seg.domain, _reduced_shape(seg.domain, rd), _keepdim_shape(seg.domain, rd)):
         return None
     return f"{_what(seg)} and {node.op} over {dom} have different iteration domains"
+
+
+def _laid_out_in(seg: Segment, node: Node) -> str | None:
+    """The name of ``node``'s input that a stride_order of ``seg`` makes, if one is."""
+    made = {id(o) for n in seg.nodes if n.op == "stride_order" for o in n.outputs}
+    return next((v.name for v in node.inputs() if id(v) in made), None)
 
 
 def seg_kind(node: Node) -> str:

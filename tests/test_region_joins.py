@@ -1,0 +1,147 @@
+"""Fewer regions per step: ops of other executors hoisted out of the way of our regions
+(``thunder_fuser/hoist_externs.py``), ``x.contiguous()`` claimed as ``stride_order``, and a
+write into a region's own temporary elided (transformers' causal mask). Each is checked
+against eager, and for the region count the program's trace gives."""
+
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+
+import thunder_fuser
+from helpers import check_vs_eager, compile_planned_kernels_to_ptx, fusion_names, plans
+from thunder_fuser.attention import cudnn_bias
+
+
+def _projections(x, wq, wk, wv):
+    """transformers' attention: project q, view it, project k, view it, project v."""
+    q = F.linear(x, wq).view(2, 8, 4, 8).transpose(1, 2)
+    k = F.linear(x, wk).view(2, 8, 2, 8).transpose(1, 2)
+    v = F.linear(x, wv).view(2, 8, 2, 8).transpose(1, 2)
+    return q * 2.0, k + 1.0, v.float()
+
+
+def _mlp(x, wg, wu):
+    """transformers' MLP: SiLU of the gate's projection, then the up projection."""
+    return F.silu(F.linear(x, wg)) * F.linear(x, wu)
+
+
+def _calls(jfn) -> list[str]:
+    return [b.sym.name for b in thunder.last_traces(jfn)[-1].bound_symbols
+            if b.sym.name not in ("unpack_trivial", "unpack_sequence", "python_return", "python_del")]
+
+
+def test_projections_read_by_one_region():
+    x = torch.randn(2, 8, 32)
+    jfn, _ = check_vs_eager(_projections, x, torch.randn(32, 32), torch.randn(16, 32), torch.randn(16, 32))
+    assert _calls(jfn) == ["linear", "linear", "linear", "fuser0"]
+
+
+def test_the_mlp_gate_and_up_meet_in_one_region():
+    x = torch.randn(2, 8, 32)
+    jfn, _ = check_vs_eager(_mlp, x, torch.randn(64, 32), torch.randn(64, 32))
+    assert _calls(jfn) == ["linear", "linear", "fuser0"]
+
+
+def _reads_its_own_input(x, w):
+    """An op of another executor that reads a region's result stays after it; the second
+    region is not cut in two for a hoist into its middle."""
+    h = torch.tanh(x) * 2.0
+    a = F.linear(h, w)
+    return a.relu(), h + 1.0, F.linear(x, w)
+
+
+def test_an_op_reading_a_region_result_is_not_hoisted_above_it():
+    jfn, _ = check_vs_eager(_reads_its_own_input, torch.randn(4, 16), torch.randn(16, 16))
+    assert len(fusion_names(jfn)) == 2
+
+
+def _read_then_written(buf, w, x):
+    """A matmul reads ``buf`` before the program writes it in place: the read must see the
+    old values, so no op moves across the write."""
+    y = x * 3.0
+    buf.mul_(2.0)
+    z = F.linear(buf, w)
+    buf.add_(y)
+    return z, F.linear(buf, w)
+
+
+def test_no_op_moves_across_an_in_place_write():
+    check_vs_eager(_read_then_written, torch.randn(4, 16), torch.randn(16, 16), torch.randn(4, 16))
+
+
+def _contiguous_then_view(x, w):
+    """The attention output's ``transpose(1, 2).contiguous().view(b, s, -1)``: a ``view``
+    that only a dense tensor allows, then a matmul."""
+    y = (x * 2.0).transpose(1, 2).contiguous()
+    return F.linear(y.view(y.shape[0], y.shape[1], -1), w), x.transpose(1, 2).contiguous()
+
+
+def test_contiguous_is_claimed_and_lays_its_result_out_dense():
+    x = torch.randn(2, 4, 8, 16)
+    jfn, (out, t) = check_vs_eager(_contiguous_then_view, x, torch.randn(32, 64))
+    assert t.is_contiguous() and "contiguous" not in _calls(jfn)
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 1, 16), (2, 3, 5, 7)])
+def test_a_contiguous_tensor_stays_itself_and_any_other_is_copied_dense(shape):
+    def f(x):
+        return x.transpose(1, 2).contiguous(), x.contiguous()
+
+    jfn, (t, same) = check_vs_eager(f, torch.randn(shape))
+    assert t.is_contiguous() and same.is_contiguous()
+
+
+def _causal_mask(pos):
+    """transformers' causal mask: a ``full``, written in place, then handed out as views."""
+    m = torch.full((pos.numel(), 32), torch.finfo(torch.float32).min)
+    m *= torch.arange(32) > pos.reshape(-1, 1)
+    return m[None, None, :, :].expand(2, 1, -1, -1)
+
+
+def test_a_write_into_a_regions_own_temporary_runs_on_kernels(monkeypatch):
+    monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
+    jfn, _ = check_vs_eager(_causal_mask, torch.arange(5, 12))
+    assert all(not p.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))
+
+
+def _written_after_viewed(x):
+    """A view of the temporary taken before the write must show the write: no elision."""
+    t = torch.zeros(4, 8) + 1.0
+    v = t[1:3]
+    t.mul_(x)
+    return v * 1.0, t.sum()
+
+
+def test_a_view_taken_before_the_write_sees_it():
+    check_vs_eager(_written_after_viewed, torch.randn(4, 8))
+
+
+def test_a_mask_is_handed_to_cudnn_with_dense_aligned_rows():
+    col_major = torch.randn(512, 16, dtype=torch.bfloat16).t()[None, None].expand(1, 32, 16, 512)
+    ragged = torch.randn(1, 1, 16, 17, dtype=torch.bfloat16)
+    for bias in (col_major, ragged):
+        got = cudnn_bias(bias)
+        assert torch.equal(got, bias) and got.stride(-1) == 1
+        assert all(s % 8 == 0 for n, s in zip(got.shape[:-1], got.stride()[:-1]) if n != 1 and s != 0)
+        assert [s == 0 for s in got.stride()] == [s == 0 for s in bias.stride()]  # broadcast stays broadcast
+    aligned = torch.randn(1, 1, 16, 32, dtype=torch.bfloat16).expand(2, 4, 16, 32)
+    assert cudnn_bias(aligned) is aligned
+
+
+def test_thunder_fuser_executors_keep_the_joins():
+    """The README's call (our attention, the prologue transform) sees the same regions."""
+    x = torch.randn(2, 8, 32)
+    jfn = thunder.jit(_mlp, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
+    torch.testing.assert_close(jfn(x, torch.ones(64, 32), torch.ones(64, 32)), _mlp(x, torch.ones(64, 32), torch.ones(64, 32)))
+    assert _calls(jfn) == ["linear", "linear", "fuser0"]
+
+
+
+
+@pytest.mark.parametrize("fn, args", [
+    (_contiguous_then_view, (torch.randn(2, 4, 8, 16), torch.randn(32, 64))),
+    (_causal_mask, (torch.arange(5, 12),)),
+], ids=["contiguous then view", "causal mask"])
+def test_their_kernels_compile_for_the_gpu(fn, args):
+    compile_planned_kernels_to_ptx(fn, args)
