@@ -7,14 +7,16 @@ litgpt's ``GPT`` with its own KV cache (``set_kv_cache``), or (``--model hf-Llam
 ``hf-Qwen2``) a transformers model with its ``StaticCache`` (its default ``DynamicCache``
 does not trace in thunder 0.2.6: ``tests/test_models.py``), real config cut to
 ``--layers``, bf16 on a GPU (tiny fp32 on the CPU: the harness's smoke test). Per
-contender: a fresh model with the same weights and cache, a 16-token prefill, then
-``WARMUP`` untimed and ``--steps`` timed one-token steps on the wall clock (the host waits
-for each step, as generation does). Before the timed steps, 4 steps with the same given
-tokens for every contender (its own argmax would pick another token wherever random weights
-give near-ties, and every later cache entry would differ); after them its logits and every
-layer's cache are checked against eager's. Contenders: eager, torch.compile (default and
+contender: a fresh model with the same weights and cache, a 16-token prefill, 4 steps
+with the same given tokens for every contender (its own argmax would pick another token
+wherever random weights give near-ties, and every later cache entry would differ), whose
+logits and every layer's cache are checked against eager's, then ``WARMUP`` untimed steps.
+Then ``--steps`` timed one-token steps each, on the wall clock (the host waits for each,
+as generation does), in ``ROUNDS`` turns over all the contenders: a drift of the lent
+host's speed falls on all of them alike. Contenders: eager, torch.compile (default and
 mode="reduce-overhead"), thunder + torch.compile executor, thunder + fuser, and thunder +
-fuser replayed as CUDA graphs (``thunder_fuser.graphed``). Writes ``decode.json``; prints a table last.
+fuser replayed as CUDA graphs (``thunder_fuser.graphed``). Writes ``decode.json``; prints
+a table last.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ PROMPT = 16
 # of its first 200) then 1.71-1.82 on one H100 host, right after a first call that compiled
 # kernels in worker processes
 WARMUP = 100
+ROUNDS = 10  # the timed steps, split in turns over the contenders (``main``)
 
 
 class HFStaticDecode(torch.nn.Module):
@@ -85,47 +88,63 @@ def _caches(m) -> list[torch.Tensor]:
     return [t for block in m.transformer.h for t in (block.attn.kv_cache.k, block.attn.kv_cache.v)]
 
 
-def _run(kind, name, layers, device, dtype, state, prompt, tokens, steps, ref=None) -> dict:
-    m, _ = _model(name, layers, device, dtype, state)
-    fn = wrap(kind, m)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    r: dict = {"error": None}
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        logits = fn(prompt, input_pos=torch.arange(PROMPT, device=device))
-        sync()
-        r["prefill_s"] = round(time.perf_counter() - t0, 2)
-        check = []
-        for pos, token in zip(range(PROMPT, PROMPT + 4), tokens):
-            logits = fn(token.view(1, 1), input_pos=torch.tensor([pos], device=device))
-            check.append(logits.float().cpu())
-        r["caches"] = [c.float().cpu() for c in _caches(m)]
-        r["logits"] = check
-        times = []
-        token = logits.argmax(-1)
-        for i in range(WARMUP + steps):
-            pos = PROMPT + 4 + i % (480 - PROMPT)
+class _Contender:
+    """One contender's model, built with the same weights and cache as the others', its
+    prefill and 4 checked steps done (``check``); ``steps`` then times one-token steps on the
+    wall clock, the host waiting for each (generation does: the next token is its argmax)."""
+
+    def __init__(self, kind, name, layers, device, dtype, state, prompt, tokens):
+        self.m, _ = _model(name, layers, device, dtype, state)
+        self.fn = wrap(kind, self.m)
+        self.device, self.dtype = device, dtype
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.r: dict = {"error": None}
+        self.times: list[float] = []
+        self.i = 0
+        with torch.no_grad():
             t0 = time.perf_counter()
-            logits = fn(token, input_pos=torch.tensor([pos], device=device))
-            token = logits.argmax(-1)  # the next step's input: the host waits for this one
-            sync()
-            times.append((time.perf_counter() - t0) * 1000)
-        r["step_ms"] = round(statistics.median(times[WARMUP:]), 3)
-    if ref is not None:
-        tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+            self.fn(prompt, input_pos=torch.arange(PROMPT, device=device))
+            self.sync()
+            self.r["prefill_s"] = round(time.perf_counter() - t0, 2)
+            check = []
+            for pos, token in zip(range(PROMPT, PROMPT + 4), tokens):
+                logits = self.fn(token.view(1, 1), input_pos=torch.tensor([pos], device=device))
+                check.append(logits.float().cpu())
+        self.r["caches"] = [c.float().cpu() for c in _caches(self.m)]
+        self.r["logits"] = check
+        self.token = logits.argmax(-1)
 
-        def rel(a, b):
-            return ((a - b).norm() / (b.norm() + 1e-12)).item()
+    def steps(self, n: int, timed: bool = True) -> None:
+        with torch.no_grad():
+            for _ in range(n):
+                pos = PROMPT + 4 + self.i % (480 - PROMPT)
+                self.i += 1
+                t0 = time.perf_counter()
+                logits = self.fn(self.token, input_pos=torch.tensor([pos], device=self.device))
+                self.token = logits.argmax(-1)  # the next step's input: the host waits for this one
+                self.sync()
+                if timed:
+                    self.times.append((time.perf_counter() - t0) * 1000)
 
-        r["cache_rel_err"] = max(rel(a, b) for a, b in zip(r["caches"], ref["caches"]))
-        r["logits_rel_err"] = max(rel(a, b) for a, b in zip(r["logits"], ref["logits"]))
-        if r["cache_rel_err"] > tol or r["logits_rel_err"] > tol:
-            r["error"] = f"wrong result: cache {r['cache_rel_err']:.3g}, logits {r['logits_rel_err']:.3g}"
-    if hasattr(fn, "ungraphed"):
-        r["ungraphed"] = list(fn.ungraphed.values())
-        r["captures"] = fn.captures
-        r["captured_MiB"] = round(fn.captured_bytes / 2**20, 2)  # the graphs' private pool
-    return r
+    def result(self, ref) -> dict:
+        r = self.r
+        if self.times:
+            r["step_ms"] = round(statistics.median(self.times), 3)
+        if ref is not None and ref is not r:
+            tol = 3e-2 if self.dtype == torch.bfloat16 else 1e-4
+
+            def rel(a, b):
+                return ((a - b).norm() / (b.norm() + 1e-12)).item()
+
+            r["cache_rel_err"] = max(rel(a, b) for a, b in zip(r["caches"], ref["caches"]))
+            r["logits_rel_err"] = max(rel(a, b) for a, b in zip(r["logits"], ref["logits"]))
+            if r["cache_rel_err"] > tol or r["logits_rel_err"] > tol:
+                r["error"] = f"wrong result: cache {r['cache_rel_err']:.3g}, logits {r['logits_rel_err']:.3g}"
+        if hasattr(self.fn, "ungraphed"):
+            r["ungraphed"] = list(self.fn.ungraphed.values())
+            r["captures"] = self.fn.captures
+            r["captured_MiB"] = round(self.fn.captured_bytes / 2**20, 2)  # the graphs' private pool
+        return r
 
 
 def main(argv=None) -> None:
@@ -145,17 +164,31 @@ def main(argv=None) -> None:
     prompt = torch.randint(0, vocab, (1, PROMPT), generator=g).to(device)
     tokens = torch.randint(0, vocab, (4,), generator=g).to(device)
     del m
-    results, ref = {}, None
+    results, live = {}, {}
     for kind in [c for c in a.contenders.split(",") if c]:
         label = run_label(kind, results)
         try:
-            results[label] = r = _run(kind, a.model, a.layers, device, dtype, state, prompt, tokens, a.steps, ref)
-            if kind == "eager" and ref is None:
-                ref = r
+            live[label] = _Contender(kind, a.model, a.layers, device, dtype, state, prompt, tokens)
+            live[label].steps(WARMUP, timed=False)
+            results[label] = live[label].r
         except Exception as e:  # noqa: BLE001 - a failing contender is reported, never dropped
             traceback.print_exc()
             results[label] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        torch._dynamo.reset()
+            live.pop(label, None)
+    # the timed steps in rounds, every contender in turn: a lent host's speed drifts by tens
+    # of percent within minutes, and a host-bound step follows it; interleaved, each
+    # contender's median is taken over the same stretch of time
+    for _ in range(ROUNDS):
+        for label, c in list(live.items()):
+            try:
+                c.steps(max(1, a.steps // ROUNDS))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                results[label] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                live.pop(label)
+    ref = results["eager"] if "eager" in live else None
+    for label, c in live.items():
+        results[label] = c.result(ref)
     for r in results.values():
         r.pop("caches", None)
         r.pop("logits", None)

@@ -99,10 +99,16 @@ def _copy_to_out_(computed, *, out):
     return _copy_(computed, out)
 
 
+_ROW_MAJOR = [tuple(range(n - 1, -1, -1)) for n in range(64)]  # stride_order's order for x.contiguous()
+
+
 def _stride_order(a: torch.Tensor, order) -> torch.Tensor:
     """thunder's stride_order: ``a`` itself where it is dense with its strides ordered like
     ``order`` (``order[d]``: the rank of dim d's stride, 0 the innermost), else a copy laid
-    out so, as ``Tensor.contiguous`` does."""
+    out so, as ``Tensor.contiguous`` does (which it is, for the row-major order: a call a
+    decode step makes a dozen times, cheapest in C)."""
+    if order == _ROW_MAJOR[a.ndim]:
+        return a.contiguous()
     dims = sorted(range(a.ndim), key=lambda d: -order[d])  # outermost first
     want = strides_for_order(a.shape, dims)
     if all(n == 1 or s == w for n, s, w in zip(a.shape, a.stride(), want)):
