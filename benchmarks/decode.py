@@ -55,14 +55,16 @@ class HFStaticDecode(torch.nn.Module):
         return self.model(input_ids=idx, past_key_values=self.cache, cache_position=input_pos, use_cache=True).logits
 
 
-def _model(name: str, layers: int, device, dtype, state=None):
+def _model(name: str, layers: int, device, dtype, state=None, tiny: bool | None = None):
     """(module, vocabulary size): litgpt's ``GPT`` with its KV cache, or (``hf-Llama``,
-    ``hf-Qwen2``) a transformers model with its static cache."""
+    ``hf-Qwen2``) a transformers model with its static cache; real sizes on a GPU, tiny
+    ones on the CPU, unless ``tiny`` says."""
     torch.manual_seed(0)
+    tiny = device.type != "cuda" if tiny is None else tiny
     if name in HF:
         import transformers
 
-        m, sizes = hf_causal_lm(name, layers, tiny=device.type != "cuda")
+        m, sizes = hf_causal_lm(name, layers, tiny=tiny)
         if state is not None:
             m.load_state_dict(state, strict=False)
         m = m.to(device=device, dtype=dtype).eval()
@@ -71,9 +73,9 @@ def _model(name: str, layers: int, device, dtype, state=None):
         return HFStaticDecode(m, cache), sizes["vocab_size"]
     import litgpt
 
-    tiny = {} if device.type == "cuda" else dict(n_embd=64, n_head=4, n_query_groups=2, head_size=16,
+    sizes = {} if not tiny else dict(n_embd=64, n_head=4, n_query_groups=2, head_size=16,
                                                   intermediate_size=128, padded_vocab_size=512, vocab_size=500)
-    cfg = litgpt.Config.from_name(name, n_layer=layers, block_size=1024, **tiny)
+    cfg = litgpt.Config.from_name(name, n_layer=layers, block_size=1024, **sizes)
     m = litgpt.GPT(cfg)
     if state is not None:
         m.load_state_dict(state, strict=False)

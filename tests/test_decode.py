@@ -198,3 +198,34 @@ def test_a_transformers_model_decodes_with_its_static_cache(torch_kernels):
                 torch.testing.assert_close(c, w)
     assert _caches(ours)[0][:, :, :11].abs().sum() > 0  # the cache the module holds was written
     assert str(thunder.last_traces(jm)[-1]).count("fuser_index_copy_(") == 4  # 2 layers, key and value
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["thunder+fuser", "thunder+fuser graphed"])
+def test_a_transformers_model_decodes_on_kernels(kind):
+    """The same on the GPU in bf16, on our kernels, and replayed as CUDA graphs
+    (``thunder_fuser.graphed``): logits and every layer's cache against eager's after the
+    prefill and after each of eight steps (a graph replayed over a stale cache would fail)."""
+    pytest.importorskip("transformers")
+    from benchmarks.contenders import wrap
+    from benchmarks.decode import _caches, _model
+
+    cuda = torch.device("cuda")
+    ours, _ = _model("hf-Llama", 2, cuda, torch.bfloat16, tiny=True)
+    theirs, _ = _model("hf-Llama", 2, cuda, torch.bfloat16, state=ours.model.state_dict(), tiny=True)
+    fn = wrap(kind, ours)
+
+    def near(a, b, what):
+        err = ((a.float() - b.float()).norm() / (b.float().norm() + 1e-12)).item()
+        assert err < 2e-2, f"{what}: relative error {err:.3g}"
+
+    with torch.no_grad():
+        prompt = torch.randint(0, 500, (1, 5), device=cuda)
+        near(fn(prompt, torch.arange(5, device=cuda)), theirs(prompt, torch.arange(5, device=cuda)), "prefill")
+        for pos in range(5, 13):
+            token, at = torch.randint(0, 500, (1, 1), device=cuda), torch.tensor([pos], device=cuda)
+            near(fn(token, at), theirs(token, at), f"logits at {pos}")
+            for i, (c, w) in enumerate(zip(_caches(ours), _caches(theirs))):
+                near(c, w, f"cache {i} after {pos}")
+    if kind.endswith("graphed"):
+        assert fn.captures >= 1 and not fn.ungraphed, fn.ungraphed

@@ -42,21 +42,25 @@ def _fallbacks(jfn) -> list:
 
 
 def _step_matches_eager(name: str, device: str, dtype: torch.dtype, executors, tol: float) -> list:
-    """One step against eager (loss and every gradient); the segments on the reference
-    backend and the fallback warnings."""
+    """Two steps against eager (loss and every gradient: the second runs each region's
+    generated code, ``runtime/straight_line.py``, which writes outputs over dead inputs);
+    the segments on the reference backend and the fallback warnings."""
     ours, ref = _models(name, device, dtype)
     idx, targets = batch(ours, 2, 32, device)
     jfn = thunder.jit(ours.module, executors=executors, transforms=thunder_fuser.transforms())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", KernelFallbackWarning)
-        loss = jfn(idx, targets)
-        loss.backward()
     want = ref.module(idx, targets)
     want.backward()
-    torch.testing.assert_close(loss.float(), want.float(), atol=tol, rtol=tol)
-    for (pname, p), q in zip(ours.module.named_parameters(), ref.module.parameters()):
-        err = ((p.grad.float() - q.grad.float()).norm() / (q.grad.float().norm() + 1e-12)).item()
-        assert err < tol, f"{name}: gradient of {pname} off by {err:.2e}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", KernelFallbackWarning)
+        for step in range(2):
+            for p in ours.module.parameters():
+                p.grad = None
+            loss = jfn(idx, targets)
+            loss.backward()
+            torch.testing.assert_close(loss.float(), want.float(), atol=tol, rtol=tol)
+            for (pname, p), q in zip(ours.module.named_parameters(), ref.module.parameters()):
+                err = ((p.grad.float() - q.grad.float()).norm() / (q.grad.float().norm() + 1e-12)).item()
+                assert err < tol, f"{name}, step {step + 1}: gradient of {pname} off by {err:.2e}"
     return _fallbacks(jfn) + [str(w.message) for w in caught if issubclass(w.category, KernelFallbackWarning)]
 
 

@@ -26,7 +26,7 @@ from thunder.extend import FusionExecutor, register_executor
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.dead_inputs import dead_inputs
-from thunder_fuser.hoist_externs import hoist_externs
+from thunder_fuser.hoist_externs import contiguous_of_resizes, hoist_externs, hoist_views
 from thunder_fuser.index_copy_in_place import in_place_index_copies
 from thunder_fuser.input_aliases import with_alias_guard
 from thunder_fuser.narrow_loss_gradient import narrow_loss_gradients
@@ -39,6 +39,7 @@ from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
 from thunder_fuser.ir.ops import SUPPORTED
 from thunder_fuser.ir.reshape_first import reshape_first
+from thunder_fuser.ir.same_views import same_views
 from thunder_fuser.ir.scalar_broadcasts import read_scalars_unbroadcast
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
 from thunder_fuser.kernels import compile_workers
@@ -89,6 +90,7 @@ class FuserExecutor(FusionExecutor):
         self._matmul_reads: dict[str, str] = {}
         self._copyable: frozenset[str] = frozenset()  # names whose aliasing nothing observes
         self._dead_inputs: dict = {}  # a fusion's output names -> its inputs it may write over
+        self._kept_apart: frozenset[int] = frozenset()  # during fusion_pass: ``contiguous_of_resizes``
         for name in SUPPORTED:
             sym = copy_to_out_ if name == "copy_to_out_" else getattr(prims, name)
             self.register_supported(sym.id, _checker)
@@ -101,6 +103,8 @@ class FuserExecutor(FusionExecutor):
         if bsym.sym.id in self._owned:
             return self.can_execute(bsym)
         if bsym.sym.id in STANDALONE:  # ops of their own between regions (a kernel apart, a note)
+            return False
+        if id(bsym) in self._kept_apart:
             return False
         return self._can_fuse_prims(bsym)
 
@@ -139,6 +143,7 @@ class FuserExecutor(FusionExecutor):
         ir.dead_inputs = self._dead_inputs.get(tuple(o.name for o in outputs), frozenset())
         debug.dump("region", lambda: "\n".join([name] + [op_line(n) for n in ir.nodes]))
         functionalize(ir)
+        same_views(ir)
         read_scalars_unbroadcast(ir)
         cat_before_reshape(ir)
         small_reductions_as_pointwise(ir)
@@ -157,6 +162,7 @@ class FuserExecutor(FusionExecutor):
         trace = with_alias_guard(trace)
         trace = narrow_loss_gradients(trace)
         trace = in_place_index_copies(trace)
+        self._kept_apart = contiguous_of_resizes(trace.bound_symbols)
         if _on_cuda(trace):  # their start (imports: seconds) overlaps the rest of the first call
             compile_workers.start_for_cuda()
         producers, consumers = utils.producers_and_consumers(trace)
@@ -171,7 +177,7 @@ class FuserExecutor(FusionExecutor):
         counter = 0
         noted = from_trace(trace)
         noted.bound_symbols, notes = lift_notes(trace.bound_symbols)
-        noted.bound_symbols = hoist_externs(noted.bound_symbols, self.can_fuse)
+        noted.bound_symbols = hoist_externs(hoist_views(noted.bound_symbols, self.can_fuse), self.can_fuse)
         for bsyms in fuse_bound_symbols(noted, _should_fuse):
             if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
                 fused.append((bsyms[0], bsyms))
@@ -199,6 +205,7 @@ class FuserExecutor(FusionExecutor):
             out = update_fusion_call_ctx(out)
         finally:
             self._matmul_reads, self._copyable, self._dead_inputs = {}, frozenset(), {}
+        self._kept_apart = frozenset()
         ms = (time.perf_counter_ns() - start) // 1_000_000
         out.set_provenance(TraceProvenance(f"thunder_fuser fusion (took {ms} milliseconds)"))
         return out

@@ -145,6 +145,21 @@ _SUPPORTED_POINTWISE = frozenset(POINTWISE) - {"full", "iota"}
 _SUPPORTED_REDUCTIONS = frozenset(("sum", "amax", "amin", "prod", "var", "var_mean"))
 
 
+def _read_by_no_kernel(seg: Segment, made_by_torch) -> set[int]:
+    """Ids of the view nodes torch makes after the kernel (``alias_views``) whose outputs no
+    op the kernel computes reads: nothing to lower (a weight gradient's transposed operand
+    of a cat's reshaped result has no expression, and needs none)."""
+    readers: dict[int, list] = {}
+    for n in seg.nodes:
+        for v in n.inputs():
+            readers.setdefault(id(v), []).append(n)
+    skip: set[int] = set()
+    for n in reversed(made_by_torch):
+        if all(id(r) in skip for o in n.outputs for r in readers.get(id(o), ())):
+            skip.add(id(n))
+    return skip
+
+
 def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
     """The programs of a pointwise, reduction, normalization or resize segment: one per
     shape of the values it stores (a segment may fuse siblings of different shapes, such as
@@ -158,11 +173,12 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
         raise Unsupported(f"no kernel template for a {seg.kind} segment")
     iotas = iotas or find_iotas(seg.nodes, seg.outputs)
     lw = _Lowering(seg, iotas)
-    skip = {id(n) for n in iotas.nodes}
+    made_by_torch = alias_views(seg)
+    skip = {id(n) for n in iotas.nodes} | _read_by_no_kernel(seg, made_by_torch)
     for node in seg.nodes:
         if id(node) not in skip:
             lw.node(node)
-    views = {id(o) for n in alias_views(seg) for o in n.outputs}
+    views = {id(o) for n in made_by_torch for o in n.outputs}
     stores = []
     for o in seg.outputs:
         if id(o) in lw.writes or id(o) in views:

@@ -307,9 +307,11 @@ class _Writer:
                 donors[id(v)] = segments.pop()
         return donors
 
-    def donor_for(self, part, segment, alloc, index: int = 0) -> int | None:
+    def donor_for(self, part, segment, alloc, index: int = 0, parts=()) -> int | None:
         """A dead input this part's store ``index`` may be written over: each thread reads
-        its elements before it writes them there, and no other thread touches them. So the
+        its elements before it writes them there, no other thread touches them, and no other
+        of the kernel's ``parts`` reads it (a segment storing two shapes launches a part per
+        shape: the second read what the first had written over). So the
         part is pointwise with one store, or a row kernel of one block per row over rows
         that are rows of its store (its full-domain stores are written in its last pass
         over the row: the two-pass loss's gradient over the logits); the input has the
@@ -331,6 +333,8 @@ class _Writer:
         for vid, seg in self.donors.items():
             m = self.meta[vid]
             if seg != segment or m.dtype != dtype or not _same_memory(m, shape, strides):
+                continue
+            if any(p is not part and any(not ref[0] and ref[1] == vid for ref in p.base_refs) for p in parts):
                 continue
             on_it = [i for i, (b, _) in enumerate(part.geo.call_views)
                      if not part.base_refs[b][0] and part.base_refs[b][1] == vid]
@@ -365,7 +369,7 @@ class _Writer:
             name = self.local(target)
             shape, strides, dtype = alloc
             fresh = self.allocation(shape, strides, dtype, k.device)
-            donor = self.donor_for(part, segment, alloc, si)
+            donor = self.donor_for(part, segment, alloc, si, k.parts)
             if donor is None:
                 self.body.append(f"{name} = {fresh}")
             else:  # written over a dead input where only the trace holds it (``runtime/donation.py``)

@@ -31,6 +31,15 @@ def cheap(node: Node) -> bool:
     return len(node.outputs) == 1 and (kind_of(node.op) in _CHEAP or node.op in METADATA) and node.op != "slice_prim"
 
 
+def _merges_permuted(node: Node, producer: dict) -> bool:
+    """A reshape of a transpose (Qwen2's key bias gradient sums ``dk.transpose(1, 2)``
+    reshaped to ``[b, s, h * e]``): at attention's strides it merges dims that are not
+    adjacent in memory, which torch makes by a copy and no kernel operand can view. It stays
+    with the segment that made it, a view torch makes (copying) for the reduction to read."""
+    p = producer.get(id(node.args[0])) if node.op == "reshape" and node.args else None
+    return p is not None and p.op == "transpose"
+
+
 def _nbytes(v: Value) -> int:
     return v.numel * (v.dtype.itemsize if hasattr(v.dtype, "itemsize") else 8)
 
@@ -98,7 +107,7 @@ def _cone(v: Value, reading: set, owner, producer: dict, seg_of: dict, readers: 
     while stack:
         x = stack.pop()
         n = producer.get(id(x))
-        if n is None or seg_of.get(id(x)) is not owner or not cheap(n):
+        if n is None or seg_of.get(id(x)) is not owner or not cheap(n) or _merges_permuted(n, producer):
             leaves[id(x)] = x
             continue
         if id(n) in nodes:
