@@ -177,7 +177,9 @@ class FuserExecutor(FusionExecutor):
         counter = 0
         noted = from_trace(trace)
         noted.bound_symbols, notes = lift_notes(trace.bound_symbols)
-        noted.bound_symbols = hoist_externs(hoist_views(noted.bound_symbols, self.can_fuse), self.can_fuse)
+        ours = {id(b) for b in noted.bound_symbols if self.can_fuse(b)}  # asked once: both passes ask often
+        claimed = lambda b: id(b) in ours  # noqa: E731
+        noted.bound_symbols = hoist_externs(hoist_views(noted.bound_symbols, claimed), claimed)
         for bsyms in fuse_bound_symbols(noted, _should_fuse):
             if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
                 fused.append((bsyms[0], bsyms))

@@ -33,6 +33,7 @@ from thunder.core.symbol import BoundSymbol
 
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID
 from thunder_fuser.ir.from_thunder import flatten_to_supported
+from thunder_fuser.ir.ops import RESIZE, VIEW
 
 _WRITES = (prims.PrimIDs.COPY_, COPY_TO_OUT_ID)
 _FIXED_TAGS = (OpTags.IN_PLACE, OpTags.DONT_DCE)
@@ -59,7 +60,7 @@ def _names(proxies) -> set[str]:
 
 # views that re-describe their operand (no copy, no allocation): moving one earlier keeps
 # nothing alive that was not already (``stride_order`` may copy, so it stays)
-_FREE_VIEWS = frozenset(("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy"))
+_FREE_VIEWS = frozenset(VIEW) - {"stride_order"}
 
 
 def _free_view(b: BoundSymbol) -> bool:
@@ -89,10 +90,11 @@ def _views_for_others(bsyms: list[BoundSymbol], claimed) -> set[int]:
 def hoist_views(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol], bool]) -> list[BoundSymbol]:
     """``bsyms`` with each claimed view moved up past the movable unclaimed ops before it
     (and the claimed writing-free ops between), where it reads none of their results, to
-    the end of the run of claimed ops before them. A backward step computes a weight gradient's operands (views of the output
-    gradient and of a saved input) after the input gradient's matmul only because the
-    program wrote them there; moved up, they join the region before it, and the weight
-    gradient's matmul can then be hoisted out of the next region's way (``hoist_externs``)."""
+    the end of the run of claimed ops before them. A backward step computes a weight
+    gradient's operands (views of the output gradient and of a saved input) after the
+    input gradient's matmul only because the program wrote them there; moved up, they join
+    the region before it, and the weight gradient's matmul can then be hoisted out of the
+    next region's way (``hoist_externs``)."""
     movable = _views_for_others(bsyms, claimed)
     out: list[BoundSymbol] = []
     for b in bsyms:
@@ -137,9 +139,6 @@ def hoist_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol], boo
     return out
 
 
-_RESIZES = frozenset(("pad", "cat", "slice_prim"))
-
-
 def contiguous_of_resizes(bsyms: list[BoundSymbol]) -> frozenset[int]:
     """Ids of the ``x.contiguous()`` calls (``stride_order``) of a pad, cat or slice result,
     which the fusion pass leaves to torch: the program makes such a result dense for a view
@@ -156,6 +155,6 @@ def contiguous_of_resizes(bsyms: list[BoundSymbol]) -> frozenset[int]:
             continue
         if "stride_order" in prims_of and _names(b.flat_proxy_args) & resized:
             kept.add(id(b))
-        elif _RESIZES.intersection(prims_of):
+        elif set(RESIZE).intersection(prims_of):
             resized |= _names(b.flat_proxy_outs)
     return frozenset(kept)
