@@ -54,6 +54,18 @@ class HFStaticDecode(torch.nn.Module):
     def forward(self, idx, input_pos):
         return self.model(input_ids=idx, past_key_values=self.cache, cache_position=input_pos, use_cache=True).logits
 
+    def move_cache(self) -> None:
+        """Hand the model a new ``StaticCache`` holding the old one's contents, and drop the
+        old one (its memory goes back to the allocator): a step that kept writing it would
+        lose its writes, which the tests would see."""
+        import transformers
+
+        old, k = self.cache, self.cache.key_cache[0]
+        self.cache = transformers.StaticCache(config=self.model.config, max_batch_size=1,
+                                              max_cache_len=old.max_cache_len, device=k.device, dtype=k.dtype)
+        for new, was in zip([*self.cache.key_cache, *self.cache.value_cache], [*old.key_cache, *old.value_cache]):
+            new.copy_(was)
+
 
 def _model(name: str, layers: int, device, dtype, state=None, tiny: bool | None = None):
     """(module, vocabulary size): litgpt's ``GPT`` with its KV cache, or (``hf-Llama``,

@@ -72,6 +72,53 @@ def test_a_graphed_decode_step_writes_the_callers_cache_every_step(jit, torch_ke
     assert backend.replays == 8 and captures[5] >= 1 and captures[6] > captures[5], captures
 
 
+class _Cache:
+    """What a transformers ``StaticCache`` is to its model: an object (not a module) that
+    holds the layers' tensors, kept by the module and swapped for a new one between calls."""
+
+    def __init__(self, k, v):
+        self.layers = [k, v]
+
+
+class _CachedStep(torch.nn.Module):
+    def __init__(self, ws):
+        super().__init__()
+        self.wq, self.wk, self.wv = (torch.nn.Parameter(w, requires_grad=False) for w in ws)
+        self.cache = _Cache(torch.zeros(1, 4, 16, 16), torch.zeros(1, 4, 16, 16))
+
+    def forward(self, x, pos):
+        return _decode_step(x, *self.cache.layers, pos, self.wq, self.wk, self.wv)
+
+
+def test_a_cache_the_module_holds_and_swaps_captures_anew(torch_kernels):
+    """The cache is no argument of the step: the module holds it, and the caller hands the
+    module a new one midway. thunder's prologue fetches it each call; ``graphed`` refetches
+    what that prologue fetches (``held_tensors.py``), so the new cache's addresses capture a
+    new graph (a real graph would replay over the old cache: ``test_decode.py``'s cuda test
+    shows that), and replays resume after it. A parameter is fetched too, an argument not."""
+    ws = _weights()
+    module = _CachedStep(ws)
+    theirs = [torch.zeros(1, 4, 16, 16), torch.zeros(1, 4, 16, 16)]
+    backend = RecordingGraphs()
+    g = graphed(thunder.jit(module, executors=thunder_fuser.executors()), backend=backend)
+    captures = []
+    for pos in range(10):
+        if pos == 6:
+            module.cache = _Cache(*(c.clone() for c in module.cache.layers))
+        x, at = torch.randn(1, 1, 64), torch.tensor([pos])
+        got, want = g(x, at), _decode_step(x, *theirs, at, *ws)
+        torch.testing.assert_close(got, want)
+        for c, w in zip(module.cache.layers, theirs):
+            torch.testing.assert_close(c, w)
+        captures.append(g.captures)
+    assert captures[2:6] == [1, 1, 1, 1] and captures[6:] == [2, 2, 2, 2], captures
+    assert backend.replays == 8 and not g.ungraphed, g.ungraphed
+    (held,) = g.held.values()
+    sig = held.signature((x, at), {})
+    assert [t.data_ptr() for t in sig.tensors] == [t.data_ptr() for t in module.cache.layers]  # fetched again
+    assert {id(module.wq), id(module.wk), id(module.wv)} == {id(t) for t in held.kept}  # kept, addresses compared
+
+
 def test_a_counter_updated_in_place_in_a_graph(torch_kernels):
     def step(x, counter):
         counter.add_(1)

@@ -9,10 +9,13 @@ the caller holds it, not in a copy the graph made. ``graphed(step)`` wraps any s
 * inputs whose storage is the same from call to call (parameters, buffers, a KV cache) are
   read and written where they live: their addresses are part of the graph's key, so an
   input at a new address captures another graph and no graph replays over stale pointers.
-  Only the tensors passed as arguments are seen: what a module holds itself (its
-  parameters, a KV cache from litgpt's ``set_kv_cache`` or a transformers ``StaticCache``)
-  is captured at the addresses it had, so a step whose module reallocates one needs a new
-  ``graphed`` (not yet detected: keying on the tensors thunder's prologue unpacks would);
+  For a ``thunder.jit`` step that includes what the step reads besides its arguments: the
+  tensors thunder's prologue fetches (a module's parameters and buffers, a transformers
+  ``StaticCache`` the module holds and swaps for a new one), refetched each call without the
+  prologue's checks (``held_tensors.py``). What thunder's prologue only checks and bakes into
+  its trace (``module.training``, a config value) is not rechecked on a replay: a graphed
+  step is for a module whose settings stay as they were at capture. Of any other step only
+  the arguments are seen;
 * inputs that move from call to call (the token, the position, a mask) are copied into
   static buffers before each replay, and copied back after it (a step that writes one in
   place still writes the caller's tensor);
@@ -38,6 +41,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from thunder_fuser.held_tensors import HeldTensors
 from thunder_fuser.kernels import cache, compile_workers
 
 
@@ -85,6 +89,7 @@ class CudaGraphs:
 class _Graph:
     def __init__(self, replay, outputs, static: dict, nbytes: int):
         self.replay, self.outputs, self.static, self.nbytes = replay, outputs, static, nbytes
+        self.held = None  # held_tensors.FrozenSignature of the capture, for a thunder step
 
 
 class GraphedStep:
@@ -97,6 +102,7 @@ class GraphedStep:
         self.addresses: dict[int, int] = {}  # flat index -> data_ptr, while its address holds still
         self.moves: dict[int, int] = {}  # flat index -> how often an input read in place moved
         self.ungraphed: dict = {}  # key -> why that call runs without a graph
+        self.held: dict = {}  # key of the arguments -> HeldTensors of a thunder step
         self.captures = 0
         self.queued_last = False  # did the last call run as it is queue kernels for workers?
 
@@ -117,9 +123,20 @@ class GraphedStep:
             return out
         self._note_moves(tensors)
         key = self._key(flat, tensors, spec)
+        held, sig = self.held.get(key), None
+        if held is not None:
+            try:
+                sig = held.signature(args, kwargs)
+            except Exception:  # noqa: BLE001 - thunder's trace changed: learn its fetches anew
+                del self.held[key]
+                return self.step(*args, **kwargs)
+            key = (key, sig.ptrs, sig.values)
         if key in self.ungraphed:
             return self.step(*args, **kwargs)
         g = self.graphs.get(key)
+        if g is not None and sig is not None and not sig.matches(g.held):
+            del self.graphs[key]  # other tensors at the captured addresses, of other shapes
+            g = None
         if g is None:
             if self.backend is None:
                 self.backend = CudaGraphs()
@@ -136,6 +153,14 @@ class GraphedStep:
                 self.ungraphed[key] = why
                 warnings.warn(f"a step runs without a CUDA graph: {why}", GraphWarning)
                 return self.step(*args, **kwargs)
+            if held is None:  # the first capture for these arguments: what else it read
+                held = HeldTensors.of(self.step, args, kwargs, tensors.values())
+                if held is not None:
+                    self.held[key] = held
+                    sig = held.signature(args, kwargs)
+                    key = (key, sig.ptrs, sig.values)
+            if sig is not None:
+                g.held = sig.frozen()
             self.graphs[key] = g
         for i, buf in g.static.items():
             buf.copy_(tensors[i])
