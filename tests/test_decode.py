@@ -33,25 +33,37 @@ def _caches(model) -> list[torch.Tensor]:
     return [t for block in model.transformer.h for t in (block.attn.kv_cache.k, block.attn.kv_cache.v)]
 
 
-def _decode_matches_eager(name: str, device: str, dtype, tol: float, move_cache_at: int | None = None) -> None:
+def _decode_matches_eager(name: str, device: str, dtype, tol: float, move_cache_at: int | None = None,
+                          graphed: bool = False, move_with: str = "module", backend=None):
+    """Prefill and seven steps, logits and every layer's cache against eager's after each;
+    at ``move_cache_at`` the cache moves to new tensors: assigned to the module's buffers
+    (``move_with="module"``, which thunder 0.2.6 does not see) or through thunder's module
+    (``"thunder"``: ``set_buffer``, how a ``thunder.jit`` module's buffers are replaced)."""
     ours, ref = _models(name, device, dtype)
-    jm = thunder.jit(ours, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
+    tm = thunder.jit(ours, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
+    jm = thunder_fuser.graphed(tm, backend=backend) if graphed else tm
+    names = [f"transformer.h.{i}.attn.kv_cache.{kv}" for i in range(len(ours.transformer.h)) for kv in "kv"]
+    caches = (lambda: [tm.get_buffer(n) for n in names]) if move_with == "thunder" else (lambda: _caches(ours))
     prompt = torch.randint(0, 500, (1, 5), device=device)
     with torch.no_grad():
         got, want = jm(prompt, input_pos=torch.arange(5, device=device)), ref(prompt, input_pos=torch.arange(5, device=device))
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
         token = want[:, -1:].argmax(-1)
         for pos in range(5, 12):
-            if pos == move_cache_at:  # the caller hands the model new cache tensors
+            if pos == move_cache_at and move_with == "thunder":
+                for n in names:
+                    tm.set_buffer(n, tm.get_buffer(n).clone())
+            elif pos == move_cache_at:  # the caller hands the model new cache tensors
                 for block in ours.transformer.h:
                     block.attn.kv_cache.k = block.attn.kv_cache.k.clone()
                     block.attn.kv_cache.v = block.attn.kv_cache.v.clone()
             at = torch.tensor([pos], device=device)
             got, want = jm(token, input_pos=at), ref(token, input_pos=at)
             torch.testing.assert_close(got, want, atol=tol, rtol=tol, msg=lambda m: f"logits at {pos}: {m}")
-            for i, (c, w) in enumerate(zip(_caches(ours), _caches(ref))):
+            for i, (c, w) in enumerate(zip(caches(), _caches(ref))):
                 torch.testing.assert_close(c, w, atol=tol, rtol=tol, msg=lambda m: f"cache {i} after {pos}: {m}")
             token = want.argmax(-1)
+    return jm
 
 
 @pytest.mark.parametrize("name", ["Llama-3.2-1B", "pythia-410m"])
@@ -67,6 +79,20 @@ def test_litgpt_decode_writes_into_a_cache_moved_midway(torch_kernels):
     default executors do the same (a cache passed as an argument moves fine:
     ``test_a_decode_step_writes_into_whatever_cache_it_is_given``)."""
     _decode_matches_eager("Llama-3.2-1B", "cpu", torch.float32, 1e-5, move_cache_at=8)
+
+
+@pytest.mark.parametrize("graphed", [False, True], ids=["as it is", "graphed"])
+def test_litgpt_decode_writes_into_a_cache_moved_through_thunders_module(graphed, torch_kernels):
+    """The cache moved midway the way thunder's module takes new buffers (``set_buffer``):
+    every later step writes the new tensors, also replayed as graphs (on the CPU through
+    ``test_graphs.py``'s recording stand-in), where the move captures a new graph."""
+    from test_graphs import RecordingGraphs
+
+    backend = RecordingGraphs()
+    step = _decode_matches_eager("Llama-3.2-1B", "cpu", torch.float32, 1e-5, move_cache_at=8, graphed=graphed,
+                                 move_with="thunder", backend=backend)
+    if graphed:
+        assert step.captures == 2 and backend.replays == 6 and not step.ungraphed, (step.captures, step.ungraphed)
 
 
 def _decode_step(x, k_cache, v_cache, pos, wq, wk, wv):
@@ -126,9 +152,14 @@ def test_a_counter_updated_in_place_each_step(torch_kernels):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("graphed", [False, True], ids=["kernels", "graphed"])
 @pytest.mark.parametrize("name", ["Llama-3.2-1B", "pythia-410m"])
-def test_litgpt_decode_on_kernels(name):
-    _decode_matches_eager(name, "cuda", torch.bfloat16, 3e-2)
+def test_litgpt_decode_on_kernels(name, graphed):
+    """On the GPU, on our kernels, and replayed as CUDA graphs: logits and every layer's cache
+    against eager's after every step (the prefill and two steps run as they are, five replay)."""
+    step = _decode_matches_eager(name, "cuda", torch.bfloat16, 3e-2, graphed=graphed)
+    if graphed:
+        assert step.captures >= 1 and not step.ungraphed, (step.captures, step.ungraphed)
 
 
 def test_a_cache_write_runs_in_place_as_the_program_wrote_it(torch_kernels):

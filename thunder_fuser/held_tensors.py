@@ -11,18 +11,18 @@ old cache would replay over it while thunder's own step writes the new one.
 ``HeldTensors.of(step, ...)`` reads the prologue of the step's last call:
 
 * a parameter or buffer comes from the dictionaries thunder's module keeps from ``thunder.jit``
-  on (a module that swaps in a new buffer is not seen by thunder either: ``test_decode.py``'s
-  xfail). These tensor objects are kept, and only their addresses are compared each call
-  (``module.to(...)`` moves them in place);
+  on (``set_buffer`` and ``set_parameter`` change them; a module that swaps in a new buffer
+  itself is not seen by thunder either: ``test_decode.py``'s xfail). Each call looks these
+  names up in those dictionaries again, a dictionary lookup apiece;
 * every other fetch (an attribute of the module or of an argument, an item of a list it
   holds) is run again each call, with the prologue's checks left out: a slice of the trace
   back from what it returns.
 
-``signature(args, kwargs)`` is what a graph captured now depends on: the addresses of the
-kept tensors, the tensors fetched again (not the arguments' own, which the graph keys or
-buffers itself) with their addresses, and every number fetched. A litgpt decode step keeps
-42 tensors and fetches nothing again; a transformers step with its ``StaticCache`` fetches
-its 8 cache tensors again (about 10 us on the CPU machine).
+``signature(args, kwargs)`` is what a graph captured now depends on: the tensors held (not
+the arguments' own, which the graph keys or buffers itself) with their addresses, and every
+number fetched. A litgpt decode step looks up 41 tensors and fetches one attribute again; a
+transformers step with its ``StaticCache`` fetches its 8 cache tensors again (8-11 us a
+call on the CPU machine).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import weakref
 import torch
 
 _data_ptr = torch.Tensor.data_ptr
-_KEPT = ("unpack_parameter", "unpack_buffer")  # from the dictionaries of thunder's module
+_KEPT = ("unpack_parameter", "unpack_buffer")  # looked up in the dictionaries of thunder's module
 
 
 def _thunder_parts(step):
@@ -65,22 +65,39 @@ def _fetching(prologue, wanted: list):
 class HeldTensors:
     """What a thunder step's last call read besides its arguments' tensors (module docstring)."""
 
-    def __init__(self, prologue, cd, cs, args, kwargs, arg_tensors):
+    def __init__(self, step, prologue, cd, cs, args, kwargs, arg_tensors):
         self._cd, self._cs = cd, cs
         returned = prologue.bound_symbols[-1].args[0][0]  # the computation's inputs
-        producer = {o.name: b.sym.name for b in prologue.bound_symbols for o in b.flat_proxy_outs}
+        made_by = {o.name: b for b in prologue.bound_symbols for o in b.flat_proxy_outs}
         values = self._call(_fetching(prologue, list(returned)), args, kwargs)
         passed = {id(t) for t in arg_tensors}
-        kept, again = [], []
+        looked_up: dict[int, tuple] = {}  # id of thunder's dictionary -> (it, the names)
+        again = []
         for proxy, value in zip(returned, values):
             if id(value) in passed:  # the graph keys or buffers the arguments' tensors itself
                 continue
-            if isinstance(value, torch.Tensor) and producer.get(proxy.name) in _KEPT:
-                kept.append(value)
-            else:
+            table = self._table(step, made_by, proxy, value)
+            if table is None:
                 again.append(proxy)
-        self.kept = tuple(kept)
+            else:
+                looked_up.setdefault(id(table[0]), (table[0], []))[1].append(table[1])
+        self.looked_up = [(d, tuple(names)) for d, names in looked_up.values()]
         self._fetch = _fetching(prologue, again) if again else None
+
+    @staticmethod
+    def _table(step, made_by, proxy, value):
+        """(thunder's dictionary, name) that a parameter or buffer of the step's module came
+        from, or None: fetched otherwise, or not where a lookup finds it now."""
+        bsym = made_by.get(getattr(proxy, "name", None))
+        if bsym is None or bsym.sym.name not in _KEPT or not isinstance(value, torch.Tensor):
+            return None
+        owner = made_by.get(getattr(bsym.args[0], "name", None))
+        table = getattr(step, "_overrides_parameters" if bsym.sym.name == "unpack_parameter" else "_overrides_buffers",
+                        None)
+        name = bsym.args[1]
+        if owner is None or owner.sym.name != "unpack_thunder_module" or table is None or table.get(name) is not value:
+            return None
+        return table, name
 
     @classmethod
     def of(cls, step, args, kwargs, arg_tensors) -> "HeldTensors | None":
@@ -89,7 +106,7 @@ class HeldTensors:
         if parts is None:
             return None
         cd, cs = parts
-        return cls(cs.last_prologue_traces[-1], cd, cs, args, kwargs, arg_tensors)
+        return cls(step, cs.last_prologue_traces[-1], cd, cs, args, kwargs, arg_tensors)
 
     def _call(self, fetch, args, kwargs) -> tuple:
         from thunder.core.compile_data import compile_data_and_stats
@@ -98,22 +115,26 @@ class HeldTensors:
             return fetch(*args, **kwargs)
 
     def signature(self, args, kwargs) -> "Signature":
-        fetched = self._call(self._fetch, args, kwargs) if self._fetch is not None else ()
-        tensors = [x for x in fetched if isinstance(x, torch.Tensor)]
-        values = tuple(x for x in fetched if not isinstance(x, torch.Tensor))
-        return Signature(tuple(map(_data_ptr, self.kept)), tensors, values)
+        """Raises KeyError where a name looked up is gone (thunder's trace is another now)."""
+        tensors = [d[n] for d, names in self.looked_up for n in names]
+        values = ()
+        if self._fetch is not None:
+            fetched = self._call(self._fetch, args, kwargs)
+            tensors += [x for x in fetched if isinstance(x, torch.Tensor)]
+            values = tuple(x for x in fetched if not isinstance(x, torch.Tensor))
+        return Signature(tensors, values)
 
 
 class Signature:
-    """The held tensors and numbers of one call, compared to a capture's cheaply: the kept
-    tensors' addresses; the fetched ones the same tensor objects at the same addresses, else
-    the same addresses, shapes, strides and dtypes; the same numbers."""
+    """The held tensors and numbers of one call, compared to a capture's cheaply: the same
+    tensor objects at the same addresses, else the same addresses, shapes, strides and
+    dtypes; the same numbers."""
 
     __slots__ = ("tensors", "values", "ptrs")
 
-    def __init__(self, kept_ptrs: tuple, tensors: list, values: tuple):
+    def __init__(self, tensors: list, values: tuple):
         self.tensors, self.values = tensors, values
-        self.ptrs = kept_ptrs + tuple(map(_data_ptr, tensors))
+        self.ptrs = tuple(map(_data_ptr, tensors))
 
     def frozen(self) -> "FrozenSignature":
         return FrozenSignature(self)
@@ -131,8 +152,8 @@ def _metadata(tensors) -> tuple:
 
 
 class FrozenSignature:
-    """A capture's signature: weak references to the fetched tensors (a graph keeps no old
-    cache alive), their metadata, the addresses and numbers."""
+    """A capture's signature: weak references to the held tensors (a graph keeps no old cache
+    alive), their metadata, the addresses and numbers."""
 
     __slots__ = ("refs", "values", "ptrs", "metadata")
 
