@@ -11,9 +11,10 @@ old cache would replay over it while thunder's own step writes the new one.
 ``HeldTensors.of(step, ...)`` reads the prologue of the step's last call:
 
 * a parameter or buffer comes from the dictionaries thunder's module keeps from ``thunder.jit``
-  on (``set_buffer`` and ``set_parameter`` change them; a module that swaps in a new buffer
-  itself is not seen by thunder either: ``test_decode.py``'s xfail). Each call looks these
-  names up in those dictionaries again, a dictionary lookup apiece;
+  on (``set_buffer`` changes them, as do thunder's transforms that replace a parameter; a
+  module that swaps in a new buffer itself is not seen by thunder either: ``test_decode.py``'s
+  xfail). Each call looks these names up in those dictionaries again, a dictionary lookup
+  apiece;
 * every other fetch (an attribute of the module or of an argument, an item of a list it
   holds) is run again each call, with the prologue's checks left out: a slice of the trace
   back from what it returns.
