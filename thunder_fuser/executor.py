@@ -207,7 +207,7 @@ class FuserExecutor(FusionExecutor):
             out = update_fusion_call_ctx(out)
         finally:
             self._matmul_reads, self._copyable, self._dead_inputs = {}, frozenset(), {}
-        self._kept_apart = frozenset()
+            self._kept_apart = frozenset()
         ms = (time.perf_counter_ns() - start) // 1_000_000
         out.set_provenance(TraceProvenance(f"thunder_fuser fusion (took {ms} milliseconds)"))
         return out

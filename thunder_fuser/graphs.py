@@ -134,7 +134,7 @@ class GraphedStep:
         if key in self.ungraphed:
             return self.step(*args, **kwargs)
         g = self.graphs.get(key)
-        if g is not None and sig is not None and not sig.matches(g.held):
+        if g is not None and sig is not None and not sig.same_tensors(g.held):
             del self.graphs[key]  # other tensors at the captured addresses, of other shapes
             g = None
         if g is None:

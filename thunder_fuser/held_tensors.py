@@ -127,9 +127,9 @@ class HeldTensors:
 
 
 class Signature:
-    """The held tensors and numbers of one call, compared to a capture's cheaply: the same
-    tensor objects at the same addresses, else the same addresses, shapes, strides and
-    dtypes; the same numbers."""
+    """The held tensors and numbers of one call. Their addresses and the numbers are part of
+    a graph's key (``graphs.GraphedStep``); ``same_tensors`` checks what the key cannot: the
+    same tensor objects, else the same shapes, strides and dtypes at those addresses."""
 
     __slots__ = ("tensors", "values", "ptrs")
 
@@ -140,9 +140,8 @@ class Signature:
     def frozen(self) -> "FrozenSignature":
         return FrozenSignature(self)
 
-    def matches(self, frozen: "FrozenSignature") -> bool:
-        if self.ptrs != frozen.ptrs or self.values != frozen.values:
-            return False
+    def same_tensors(self, frozen: "FrozenSignature") -> bool:
+        """For a signature whose addresses and numbers are ``frozen``'s (the same key)."""
         if all(r() is t for r, t in zip(frozen.refs, self.tensors)):
             return True
         return _metadata(self.tensors) == frozen.metadata
@@ -153,12 +152,11 @@ def _metadata(tensors) -> tuple:
 
 
 class FrozenSignature:
-    """A capture's signature: weak references to the held tensors (a graph keeps no old cache
-    alive), their metadata, the addresses and numbers."""
+    """A capture's held tensors: weak references to them (a graph keeps no old cache alive)
+    and their metadata."""
 
-    __slots__ = ("refs", "values", "ptrs", "metadata")
+    __slots__ = ("refs", "metadata")
 
     def __init__(self, sig: Signature):
         self.refs = tuple(weakref.ref(t) for t in sig.tensors)
-        self.values, self.ptrs = sig.values, sig.ptrs
         self.metadata = _metadata(sig.tensors)
