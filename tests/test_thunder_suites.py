@@ -13,10 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_thunder_suite(modules: list[str], selection: str, **env_vars) -> str:
+def _run_thunder_suite(modules: list[str], selection: str, plugin="tests.thunder_suites.fuser_plugin", **env_vars) -> str:
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-        "-p", "tests.thunder_suites.fuser_plugin", "--pyargs", *modules,
+        "-p", plugin, "--pyargs", *modules,
         "-k", selection, "-W", "ignore::DeprecationWarning",
     ]
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env_vars)
@@ -54,6 +54,20 @@ def test_thunder_inplace_suites_with_fuser_ex(kernels):
     )
     assert " failed" not in tail
 
+
+
+def test_thunders_interpreter_suites_with_our_speedups():
+    """thunder/tests/test_interpreter.py and test_jit_general.py, with thunder's own
+    executors and ``interpreter_speedups.py`` installed (the package's import installs it):
+    the interpreter we change traces what thunder's own tests expect. One test is left
+    out: ``test_autograd_function_apply`` calls torch's ``autograd_function_apply`` without
+    the ``saved_for_backward_idx`` torch 2.13 requires, so it raises in eager torch, with or
+    without the speed-ups (checked: 326 passed, 1 failed both ways; 150 s against 285 s)."""
+    tail = _run_thunder_suite(
+        ["thunder.tests.test_interpreter", "thunder.tests.test_jit_general"], "not test_autograd_function_apply",
+        plugin="tests.thunder_suites.compat_plugin",
+    )
+    assert " failed" not in tail
 
 def test_thunder_distributed_suites_with_fuser_ex():
     """thunder/tests/distributed/test_ddp.py and test_fsdp.py with fuser_ex (issue 34). Each of

@@ -15,11 +15,13 @@ from thunder_fuser.attention import attention_ex  # noqa: E402
 from thunder_fuser.executor import fuser_ex  # noqa: E402
 from thunder_fuser.explain import explain  # noqa: E402
 from thunder_fuser.graphs import graphed  # noqa: E402
+from thunder_fuser.interpreter_speedups import speed_up_thunders_interpreter  # noqa: E402
 from thunder_fuser.meta_dummy import cheapen_thunders_meta_dummies  # noqa: E402
 from thunder_fuser.missing_torch_ops import register_missing_torch_ops  # noqa: E402
 
 register_missing_torch_ops()
 cheapen_thunders_meta_dummies()
+speed_up_thunders_interpreter()
 
 
 def executors() -> list:

@@ -1,0 +1,89 @@
+"""thunder's interpreter with ``interpreter_speedups.py`` installed traces what it traced:
+builtins resolve as CPython resolves them, a module's own names (tensors and numbers
+included) keep thunder's provenance and its prologue checks, and exceptions inside
+interpreted code still reach the program."""
+
+import sys
+import types
+
+import torch
+
+import thunder_fuser  # noqa: F401  (installs the speed-ups, before thunder)
+import thunder
+import thunder.core.interpreter as interpreter
+from thunder_fuser import interpreter_speedups
+
+SCALE = 2.0
+BIAS = torch.full((4,), 0.5)
+
+
+def _uses_builtins_and_globals(x, items):
+    class NoAttr:
+        pass
+
+    n = len(items) + int(hasattr(NoAttr(), "missing")) + int(isinstance(x, torch.Tensor))
+    try:
+        next(iter(()))
+    except StopIteration:  # raised inside interpreted code, caught there
+        n += 1
+    return x * SCALE + BIAS + n + max(items) + sum(abs(i) for i in items)
+
+
+def test_installed_on_thunder_0_2_6():
+    assert hasattr(interpreter.globals_lookup, "thunder_fuser_original")
+    assert isinstance(interpreter.dis, interpreter_speedups._DisWithCachedInstructions)
+    assert hasattr(interpreter.InterpreterFrame.get_or_make_python_frame, "thunder_fuser_original")
+    assert interpreter_speedups.speed_up_thunders_interpreter()  # a second call changes nothing
+    assert not hasattr(interpreter.globals_lookup.thunder_fuser_original, "thunder_fuser_original")
+
+
+def test_builtins_and_module_globals_trace_as_eager():
+    global SCALE
+    x, items = torch.randn(4), [3, -1, 2]
+    jf = thunder.jit(_uses_builtins_and_globals)
+    torch.testing.assert_close(jf(x, items), _uses_builtins_and_globals(x, items))
+    # a module's number is an input thunder checks: a new value is seen, not baked in
+    old = SCALE
+    try:
+        SCALE = 3.0
+        torch.testing.assert_close(jf(x, items), _uses_builtins_and_globals(x, items))
+    finally:
+        SCALE = old
+    interval = sys.getswitchinterval()
+    jf(x, [5])  # a new list length: traced again, its frames made again
+    assert sys.getswitchinterval() == interval
+
+
+def test_a_module_name_shadows_the_builtin_and_custom_builtins_are_read():
+    src = "def f(x):\n    return x + len(x) + abs(x).sum()\n"
+    shadowing = {"__name__": "shadowing", "len": lambda t: 100}
+    exec(src, shadowing)
+    x = torch.randn(3)
+    torch.testing.assert_close(thunder.jit(shadowing["f"])(x), x + 100 + x.abs().sum())
+
+    own = dict(vars(__builtins__) if isinstance(__builtins__, types.ModuleType) else __builtins__)
+    own["len"] = lambda t: 7
+    custom = {"__name__": "custom_builtins", "__builtins__": own}
+    exec(src, custom)
+    torch.testing.assert_close(thunder.jit(custom["f"])(x), x + 7 + x.abs().sum())
+
+
+def test_an_unknown_name_still_raises_name_error():
+    glob = {"__name__": "unknown_name"}
+    exec("def f(x):\n    return x + not_defined_anywhere\n", glob)
+    try:
+        thunder.jit(glob["f"])(torch.randn(2))
+    except NameError as e:
+        assert "not_defined_anywhere" in str(e)
+    else:
+        raise AssertionError("NameError expected")
+
+
+def test_instructions_are_dis_s_and_computed_once():
+    import dis
+
+    code = _uses_builtins_and_globals.__code__
+    got = interpreter.dis.get_instructions(code)
+    assert got == tuple(dis.get_instructions(code))
+    assert interpreter.dis.get_instructions(code) is got
+    assert interpreter.dis.opmap is dis.opmap and interpreter.dis.Instruction is dis.Instruction

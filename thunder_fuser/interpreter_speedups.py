@@ -1,0 +1,124 @@
+"""Three costs of thunder 0.2.6's bytecode interpreter that a first call pays, removed.
+
+A model's first call spends most of its time in thunder's interpreter acquiring the
+trace (``thunder_general_jit``; pythia's tiny config on the CPU machine: 15.3 s of 18.4
+under cProfile). Three of its costs do no work a trace needs:
+
+- **Builtins looked up through interpreted code.** ``LOAD_GLOBAL`` of a builtin
+  (``hasattr``, ``getattr``, ``type``, ``len``: thunder interprets its own lookasides, whose
+  code calls them all the time) runs ``globals_lookup``, which interprets
+  ``lambda d, k: d[k]`` twice, once for the module's ``__builtins__`` and once for the name:
+  two interpreted frames, each an interpreted ``dict.__getitem__``, about 0.85 ms a lookup
+  on the CPU machine. pythia's tiny first call made 4,061 of them, 3.5 s of its 7.6. A
+  builtin is no input of the program: thunder never unpacks or checks one in the prologue
+  (its wrap callback flags callables and constants as such), so the value is wrapped as the
+  constant it is and nothing else changes. A name the module defines itself still takes
+  thunder's path, so a global tensor or number keeps its provenance for the prologue.
+- **Every frame disassembled anew.** ``_run_frame`` calls ``dis.get_instructions`` on its
+  code each time it runs a frame (4,566 frames a pythia first call, most of them the same
+  few lookaside bodies); the instructions of a code object never change, so they are
+  computed once per code object.
+- **A 5 ms wait for each Python frame it makes.** Where interpreted code raises (an
+  ``AttributeError`` under ``hasattr``, a ``StopIteration``), thunder makes a real Python
+  frame for the traceback in a new thread and waits for it by spinning on a list; the
+  spinning thread holds the GIL until the interpreter's switch interval (5 ms) hands it
+  over, so each frame costs 5.5 ms where the work takes 0.2 ms (transformers' Llama, tiny:
+  277 frames, 1.5 s). The switch interval is lowered for that wait alone and restored.
+
+Both are installed only on the thunder these were read from (0.2.6) and only where its
+functions are the ones read; ``THUNDER_FUSER_FAST_INTERPRETER=0`` leaves thunder as it is
+(to measure against, or to rule these out).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import functools
+import os
+import sys
+import types
+
+_MISSING = object()
+
+
+class _DisWithCachedInstructions(types.ModuleType):
+    """``dis`` for thunder's interpreter: the same module but ``get_instructions`` of a code
+    object is computed once (a tuple, which ``_run_frame``'s ``tuple(...)`` returns as is).
+    Every other name is dis's, copied in (the interpreter reads ``dis.opmap`` and the like
+    half a million times a first call: no ``__getattr__`` on that path)."""
+
+    def __init__(self):
+        super().__init__("dis")
+        self.__dict__.update({k: v for k, v in vars(dis).items() if k != "get_instructions"})
+
+    @staticmethod
+    @functools.lru_cache(maxsize=8192)
+    def _instructions(code) -> tuple:
+        return tuple(dis.get_instructions(code))
+
+    def get_instructions(self, x, *args, **kwargs):
+        if isinstance(x, types.CodeType) and not args and not kwargs:
+            return self._instructions(x)
+        return dis.get_instructions(x, *args, **kwargs)
+
+
+def _fast_globals_lookup(interpreter):
+    original = interpreter.globals_lookup
+    unwrap, wrap_const = interpreter.unwrap, interpreter.wrap_const
+
+    def globals_lookup(globals_dict, name):
+        """thunder's ``globals_lookup``, where the name is a builtin: its value as a
+        constant, read from the ``__builtins__`` the module's globals name (a dict, or the
+        builtins module), as CPython's ``LOAD_GLOBAL`` reads it."""
+        g, n = unwrap(globals_dict), unwrap(name)
+        if type(n) is str and type(g) is dict and n not in g:
+            table = g.get("__builtins__", _MISSING)
+            if table is builtins:
+                table = builtins.__dict__
+            if type(table) is dict and n in table:
+                return wrap_const(table[n])
+        return original(globals_dict, name)
+
+    globals_lookup.thunder_fuser_original = original
+    return globals_lookup
+
+
+def _prompt_frame_maker(original):
+    def get_or_make_python_frame(self):
+        """thunder's frame maker, its wait for the helper thread handing over at once."""
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            return original(self)
+        finally:
+            sys.setswitchinterval(interval)
+
+    get_or_make_python_frame.thunder_fuser_original = original
+    return get_or_make_python_frame
+
+
+def speed_up_thunders_interpreter() -> bool:
+    """Install both on thunder's interpreter; False where this thunder is not the one they
+    were read from, or they are switched off (nothing is changed then)."""
+    if os.environ.get("THUNDER_FUSER_FAST_INTERPRETER", "1") == "0":
+        return False
+    try:
+        import thunder
+        import thunder.core.interpreter as interpreter
+    except ImportError:
+        return False
+    if getattr(thunder, "__version__", None) != "0.2.6":
+        return False
+    lookup = interpreter.globals_lookup
+    if hasattr(lookup, "thunder_fuser_original"):
+        return True
+    if lookup.__code__.co_argcount != 2 or "__builtins__" not in lookup.__code__.co_consts:
+        return False
+    frame_maker = getattr(interpreter.InterpreterFrame, "get_or_make_python_frame", None)
+    if interpreter.dis is not dis or frame_maker is None or "start_new_thread" not in frame_maker.__code__.co_names:
+        return False
+    interpreter.globals_lookup = _fast_globals_lookup(interpreter)
+    interpreter.dis = _DisWithCachedInstructions()
+    interpreter.InterpreterFrame.get_or_make_python_frame = _prompt_frame_maker(frame_maker)
+    return True
