@@ -5,9 +5,9 @@
 
 Per model (``benchmarks/model_zoo.py``) and contender, in one process: build the model in
 bf16, take one step (forward with the loss, backward) and check the loss and every gradient
-against eager's; then time steps with CUDA events (median of ``--steps``), and read the
-memory held between steps (allocated after a step, with its gradients: parameters and
-gradients are what every contender keeps) and its peak, one step under torch.profiler (GPU
+against eager's; read the memory held between steps (allocated after a step, with its
+gradients: parameters and gradients are what every contender keeps; other contenders'
+memory, kept for the timing, subtracted) and its peak, one step under torch.profiler (GPU
 kernels per step, copies among them, the heaviest kernels), and for thunder + fuser the
 segments on the reference backend and every warning a step raised. ``first_call_s`` is the
 first step's wall time, tracing and compiling included, with a cold kernel cache (fuser:
@@ -15,6 +15,13 @@ a fresh ``THUNDER_FUSER_CACHE``); a second process then takes the first step aga
 disk cache (``first_call_warm_s``). ``second_call_s`` is the next step's: thunder + fuser's
 first step runs on the reference backend while worker processes compile its kernels
 (``kernels/compile_workers.py``), and the second waits for those still compiling.
+
+Step time is timed last, with every contender of the model alive: ``ROUNDS`` turns over
+the contenders, each turn ``--steps / ROUNDS`` steps between CUDA events, and the median of
+a contender's steps. A lent host's speed drifts by tens of percent within a minute (one
+H100 host, pythia's step, consecutive 30-step medians: thunder + fuser 4.73 then 3.57 ms,
+torch.compile 3.13 then 3.71), and a host-bound step follows it; timed one contender after
+the other, a ratio was the drift's. Interleaved, each contender meets the same host.
 
 Each run writes ``models-<model>.json`` under ``--out``; ``--merge`` joins them into
 ``models.json`` (``{"device", "models": [{"name", "config", "contenders": {NAME: {"step_ms",
@@ -46,6 +53,7 @@ from benchmarks.model_zoo import MODELS, batch, build
 
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
 GiB = 2**30
+ROUNDS = 10  # the timed steps, in turns over the contenders (``time_interleaved``)
 
 
 def _step(fn, idx, targets):
@@ -144,8 +152,12 @@ def _time_steps(fn, module, idx, targets, steps: int) -> list[float]:
     return times
 
 
-def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, steps: int, ref, tiny=False) -> dict:
+def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, ref, tiny=False, timers=None) -> dict:
+    """One contender's checks, first calls, memory and profile. Its step, for the timing
+    that follows (``time_interleaved``), goes to ``timers`` (label-less: the caller names
+    it), the contender kept alive until then."""
     device, dtype = _device_and_dtype(tiny)
+    others = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0  # contenders kept for timing
     built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
     module = built.module
     module.load_state_dict(ref["state"])
@@ -176,37 +188,55 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
         if bad:
             res["error"] = f"wrong result after the first step: {bad}"
             return res
-        times = _time_steps(fn, module, idx, targets, steps)
-        res["step_ms"] = round(statistics.median(times), 3)
-        res["step_ms_each"] = [round(t, 2) for t in times]
-        res["tokens_per_s"] = round(batch_size * seq / res["step_ms"] * 1000)
         if torch.cuda.is_available():
             gc.collect()
             torch.cuda.synchronize()
-            res["held_GiB"] = round(torch.cuda.memory_allocated() / GiB, 3)  # after a step, with its gradients
+            # after a step, with its gradients
+            res["held_GiB"] = round((torch.cuda.memory_allocated() - others) / GiB, 3)
             _zero(module)
             gc.collect()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
             _step(fn, idx, targets)
             torch.cuda.synchronize()
-            res["peak_GiB"] = round(torch.cuda.max_memory_allocated() / GiB, 3)
+            res["peak_GiB"] = round((torch.cuda.max_memory_allocated() - others) / GiB, 3)
             res["peak_over_start_GiB"] = round((torch.cuda.max_memory_allocated() - base) / GiB, 3)
             res.update(_profile(fn, module, idx, targets))
         if kind.startswith("thunder+fuser"):
             res["fallbacks"] = _fallbacks(fn)
         res["warnings"] = sorted({f"{w.category.__name__}: {str(w.message)[:240]}" for w in caught
                                   if "fuser" in w.category.__module__ or "Kernel" in w.category.__name__})
+        if timers is not None:
+            timers.append((res, lambda n: _time_steps(fn, module, idx, targets, n)))
     except Exception as e:  # noqa: BLE001 - a failing contender is reported, never dropped
         res["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         traceback.print_exc()
     finally:
-        del module, built
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        torch._dynamo.reset()
+        del built
+        if timers is None or res["error"] is not None:
+            del module
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     return res
+
+
+def time_interleaved(timers: list, steps: int, batch_size: int, seq: int, rounds: int = ROUNDS) -> None:
+    """Each contender's ``step_ms``: the median of its ``steps`` steps, taken in ``rounds``
+    turns over all of them (``timers``: ``(result, time_steps)`` pairs)."""
+    times: list[list[float]] = [[] for _ in timers]
+    per_turn = max(1, -(-steps // rounds))
+    for _ in range(rounds):
+        for (res, time_steps), ts in zip(timers, times):
+            try:
+                ts.extend(time_steps(per_turn))
+            except Exception as e:  # noqa: BLE001 - reported, the others timed on
+                res["error"] = res["error"] or f"{type(e).__name__}: {str(e)[:400]}"
+    for (res, _), ts in zip(timers, times):
+        if res["error"] is None and ts:
+            res["step_ms"] = round(statistics.median(ts), 3)
+            res["step_ms_each"] = [round(t, 2) for t in ts]
+            res["tokens_per_s"] = round(batch_size * seq / res["step_ms"] * 1000)
 
 
 def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, steps: int, tiny=False) -> dict:
@@ -225,10 +255,20 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     out = {"name": name, "config": config, "contenders": {}}
+    timers: list = []
     for kind in contenders:
         label = run_label(kind, out["contenders"])
         print(f"[{name}] {label} ...", flush=True)
-        out["contenders"][label] = r = run_contender(kind, name, layers, batch_size, seq, steps, ref, tiny)
+        out["contenders"][label] = run_contender(kind, name, layers, batch_size, seq, ref, tiny, timers)
+    try:
+        time_interleaved(timers, steps, batch_size, seq)
+    finally:
+        timers.clear()  # the contenders' models and steps
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        torch._dynamo.reset()
+    for label, r in out["contenders"].items():
         print(f"[{name}] {label}: " + json.dumps({k: v for k, v in r.items() if k != "top_kernels"}), flush=True)
     return out
 
@@ -258,7 +298,7 @@ def main(argv=None) -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per contender, in turns (ROUNDS)")
     ap.add_argument("--tiny", action="store_true", help="tiny configs (the CPU smoke test)")
     ap.add_argument("--warm-first-call", metavar="MODEL", help="(internal) print the warm first call of MODEL")
     ap.add_argument("--merge", nargs="*", metavar="DIR", help="join the runs' JSON files into --results")
