@@ -6,9 +6,10 @@ checks, autograd, the trace's Python) and the torch ops between regions (matmuls
 attention, the KV cache's ``index_copy_``). A target below the floor no region work can
 reach; the gap between the step and the floor is what our region calls cost.
 
-Training (``--model``, a model of ``benchmarks/model_zoo``): torch.compile's step, ours,
-the floor, ours again, each the median of 30 steps between CUDA events as
-``benchmarks.models`` times them, plus the host's issue time per step. Decode
+Training (``--model``, a model of ``benchmarks/model_zoo``): torch.compile's step, ours
+and the floor, timed in 10 turns over the three (a lent host drifts by tens of percent
+within a minute), each the median of its steps between CUDA events as ``benchmarks.models``
+times them, plus the host's issue time per step. Decode
 (``--decode``): ``benchmarks.decode``'s litgpt step, eager's, ours, the floor, ours
 again, wall time per step with the host waiting for each step's token. Hosts differ
 between lent machines by up to 1.6x: compare within one run. Without a GPU it runs tiny
@@ -67,35 +68,45 @@ class free_regions:
             runner.fast = fast
 
 
-def training(model: str, layers: int, steps: int) -> None:
+def training(model: str, layers: int, steps: int, rounds: int = 10) -> None:
+    from contextlib import nullcontext
+
     from benchmarks.model_zoo import batch, build
     from benchmarks.models import _step, _time_steps, _zero
 
     built = build(model, layers, tiny=not CUDA, device=DEVICE, dtype=torch.bfloat16 if CUDA else torch.float32)
     idx, targets = batch(built, 2, 1024 if CUDA else 16, device=DEVICE)
     m = built.module
-
-    def measure(fn, label: str) -> None:
+    tc, fn = wrap("torch.compile", m), wrap("thunder+fuser", m)
+    free = lambda: free_regions(lambda: _step(fn, idx, targets))  # noqa: E731
+    # (label, step, context): the floor is thunder + fuser's step inside ``free_regions``
+    entries = [("torch.compile", tc, nullcontext), ("thunder+fuser", fn, nullcontext), ("floor", fn, free)]
+    for _, f, _ in entries[:2]:
         for _ in range(3):
             _zero(m)
-            _step(fn, idx, targets)
-        sync()
-        step = statistics.median(_time_steps(fn, m, idx, targets, steps))
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            _zero(m)
-            _step(fn, idx, targets)
-        issued = (time.perf_counter() - t0) / steps * 1e3
-        sync()
-        print(f"| {model} | {label} | {step:.3f} | {issued:.3f} |", flush=True)
-
-    print("| model | step | ms | host ms issuing it |\n| --- | --- | ---: | ---: |")
-    measure(wrap("torch.compile", m), "torch.compile")
-    fn = wrap("thunder+fuser", m)
-    measure(fn, "thunder+fuser")
-    with free_regions(lambda: _step(fn, idx, targets)) as calls:
-        measure(fn, f"thunder floor ({calls} region calls free)")
-    measure(fn, "thunder+fuser again")
+            _step(f, idx, targets)
+    sync()
+    per_turn = max(1, -(-steps // rounds))
+    times = {label: [] for label, _, _ in entries}
+    issued = {label: [] for label, _, _ in entries}
+    calls = 0
+    # in turns: a lent host's speed drifts by tens of percent within a minute
+    for _ in range(rounds):
+        for label, f, context in entries:
+            with context() as n:
+                calls = n or calls
+                times[label] += _time_steps(f, m, idx, targets, per_turn)
+                t0 = time.perf_counter()
+                for _ in range(per_turn):
+                    _zero(m)
+                    _step(f, idx, targets)
+                issued[label].append((time.perf_counter() - t0) / per_turn * 1e3)
+                sync()
+    print(f"| model | step ({rounds} turns of {per_turn} steps each) | ms | host ms issuing it |\n| --- | --- | ---: | ---: |")
+    for label, _, _ in entries:
+        name = f"thunder floor ({calls} region calls free)" if label == "floor" else label
+        print(f"| {model} | {name} | {statistics.median(times[label]):.3f} | {statistics.median(issued[label]):.3f} |",
+              flush=True)
 
 
 def decode(model: str, layers: int, steps: int) -> None:
