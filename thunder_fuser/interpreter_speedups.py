@@ -12,7 +12,7 @@ under cProfile). Three of its costs do no work a trace needs:
   on the CPU machine. pythia's tiny first call made 4,061 of them, 3.5 s of its 7.6. A
   builtin is no input of the program: thunder never unpacks or checks one in the prologue
   (its wrap callback flags callables and constants as such), so the value is wrapped as the
-  constant it is and nothing else changes. A name the module defines itself still takes
+  constant it is and nothing else changes (where the module's builtins are Python's own). A name the module defines itself still takes
   thunder's path, so a global tensor or number keeps its provenance for the prologue.
 - **Every frame disassembled anew.** ``_run_frame`` calls ``dis.get_instructions`` on its
   code each time it runs a frame (4,566 frames a pythia first call, most of them the same
@@ -25,7 +25,7 @@ under cProfile). Three of its costs do no work a trace needs:
   over, so each frame costs 5.5 ms where the work takes 0.2 ms (transformers' Llama, tiny:
   277 frames, 1.5 s). The switch interval is lowered for that wait alone and restored.
 
-Both are installed only on the thunder these were read from (0.2.6) and only where its
+All three are installed only on the thunder these were read from (0.2.6) and only where its
 functions are the ones read; ``THUNDER_FUSER_FAST_INTERPRETER=0`` leaves thunder as it is
 (to measure against, or to rule these out).
 """
@@ -40,6 +40,7 @@ import sys
 import types
 
 _MISSING = object()
+_BUILTINS = builtins.__dict__
 
 
 class _DisWithCachedInstructions(types.ModuleType):
@@ -68,16 +69,16 @@ def _fast_globals_lookup(interpreter):
     unwrap, wrap_const = interpreter.unwrap, interpreter.wrap_const
 
     def globals_lookup(globals_dict, name):
-        """thunder's ``globals_lookup``, where the name is a builtin: its value as a
-        constant, read from the ``__builtins__`` the module's globals name (a dict, or the
-        builtins module), as CPython's ``LOAD_GLOBAL`` reads it."""
+        """thunder's ``globals_lookup``, where the name is one of Python's builtins: its
+        value as a constant. Only where the module's ``__builtins__`` is Python's own (the
+        builtins module or its dict, as for every imported module and ``__main__``), whose
+        values are functions, types and constants; a module given other builtins (``exec``
+        with a dict of its own) takes thunder's path."""
         g, n = unwrap(globals_dict), unwrap(name)
         if type(n) is str and type(g) is dict and n not in g:
             table = g.get("__builtins__", _MISSING)
-            if table is builtins:
-                table = builtins.__dict__
-            if type(table) is dict and n in table:
-                return wrap_const(table[n])
+            if (table is builtins or table is _BUILTINS) and n in _BUILTINS:
+                return wrap_const(_BUILTINS[n])
         return original(globals_dict, name)
 
     globals_lookup.thunder_fuser_original = original
