@@ -1,18 +1,19 @@
 """Where a kernel launch's host time goes in a training step (GPU machine): every launch of
-one thunder + fuser step, replayed alone 200 times, with its torch tensors as they are,
-pre-converted to TVM-FFI tensors (``tvm_ffi.from_dlpack``), and its tuples pre-converted
-to TVM-FFI arrays; the conversions alone last. The difference between the first and the
-others is TVM-FFI's conversion; what remains is CuTe DSL's launch wrapper and CUDA's.
+one thunder + fuser step, replayed alone (the least of 3 turns of 200 calls, the variants
+taking turns), with its torch tensors as they are, pre-converted to TVM-FFI tensors
+(``tvm_ffi.from_dlpack``), and its tuples pre-converted to TVM-FFI arrays; the conversions
+alone last. The difference between the first and the others is TVM-FFI's conversion; what
+remains is CuTe DSL's launch wrapper and CUDA's.
 
     python scripts/launch_probe.py [pythia-410m]
 
-Session 34, one H100 host, pythia: 33 launches in 24 region calls, 282 us a step, 241 with
+Session 34, one H100 host, pythia (the mean of 200 calls each, one variant after the
+other): 33 launches in 24 region calls, 282 us a step, 241 with
 tensors pre-converted, 226 with whole arrays (so conversion is 41-56 us of it); a launch
 4.3-6 us with 2-3 tensors, 7-8 us with 8-13, and 9-12 us for most of the backward's
 (some of them two launches, a column reduction and its partials: not checked one by one).
 """
 import sys
-import time
 
 import torch
 
@@ -24,6 +25,7 @@ import tvm_ffi  # noqa: E402
 from benchmarks.contenders import wrap
 from benchmarks.model_zoo import batch, build
 from benchmarks.models import _step, _zero
+from benchmarks.timing import host_us_interleaved
 from thunder_fuser.runtime import region_runner as rr
 
 
@@ -79,26 +81,15 @@ def converted(x):
     return tuple(converted(y) for y in x) if isinstance(x, tuple) else x
 
 
-def host_us(f, n: int = 200) -> float:
-    for _ in range(5):
-        f()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        f()
-    us = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return us
-
-
 def main() -> None:
     launches, calls = record_launches(sys.argv[1] if len(sys.argv) > 1 else "pythia-410m")
     rows = []
     for region, kernel, f, a in launches:
         pre = tuple(converted(x) for x in a)
         arrays = tuple(tvm_ffi.convert(x) if isinstance(x, tuple) else x for x in pre)
-        rows.append((region, kernel, tensors(a), host_us(lambda: f(*a)), host_us(lambda: f(*pre)),
-                     host_us(lambda: f(*arrays)), host_us(lambda: tuple(converted(x) for x in a))))
+        us = host_us_interleaved({"torch": lambda: f(*a), "ffi": lambda: f(*pre), "arrays": lambda: f(*arrays),
+                                  "conversions": lambda: tuple(converted(x) for x in a)}, calls=200, rounds=3)
+        rows.append((region, kernel, tensors(a), *(us[k][0] for k in ("torch", "ffi", "arrays", "conversions"))))
     print(f"{len(launches)} launches in {calls} region calls")
     print("| region | kernel | tensors | torch tensors us | ffi tensors us | ffi arrays us | conversions us |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
@@ -108,8 +99,10 @@ def main() -> None:
     print("a step, us: torch tensors %.0f, ffi tensors %.0f, ffi arrays %.0f, conversions %.0f; %d tensors"
           % (*total, sum(r[2] for r in rows)))
     x = torch.empty(1024, device="cuda")
+    us = host_us_interleaved({"empty_like": lambda: torch.empty_like(x), "add_": lambda: x.add_(1),
+                              "data_ptr": lambda: x.data_ptr()}, calls=200, rounds=3)
     print("beside them, us: torch.empty_like %.1f, x.add_(1) %.1f, x.data_ptr() %.2f"
-          % (host_us(lambda: torch.empty_like(x)), host_us(lambda: x.add_(1)), host_us(lambda: x.data_ptr())))
+          % tuple(us[k][0] for k in ("empty_like", "add_", "data_ptr")))
 
 
 if __name__ == "__main__":
