@@ -93,10 +93,12 @@ def host_us(fn, args: tuple, calls: int = 200) -> float:
     return host_us_interleaved({"": functools.partial(fn, *args)}, calls, rounds=3)[""][0]
 
 
-def host_us_interleaved(fns: dict, calls: int = 500, rounds: int = 15) -> dict:
+def host_us_interleaved(fns: dict, calls: int = 500, rounds: int = 15, issue_only: bool = False) -> dict:
     """name -> (least, median) microseconds per call of each of ``fns``, over ``rounds``
     turns of ``calls`` back-to-back calls each, the callables taking turns. The least is
-    the cost itself (the host only ever adds to it); the median says how steady it was."""
+    the cost itself (the host only ever adds to it); the median says how steady it was.
+    ``issue_only``: the time to issue the calls, the GPU's wait for them left out (a
+    launch whose kernel outlasts it: its host cost, not its kernel's)."""
     for fn in fns.values():
         for _ in range(5):
             fn()
@@ -107,6 +109,7 @@ def host_us_interleaved(fns: dict, calls: int = 500, rounds: int = 15) -> dict:
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
+            issued = time.perf_counter()
             torch.cuda.synchronize()
-            runs[name].append((time.perf_counter() - t0) / calls * 1e6)
+            runs[name].append(((issued if issue_only else time.perf_counter()) - t0) / calls * 1e6)
     return {name: (min(us), statistics.median(us)) for name, us in runs.items()}

@@ -1,17 +1,17 @@
 """Where a kernel launch's host time goes in a training step (GPU machine): every launch of
-one thunder + fuser step, replayed alone (the least of 3 turns of 200 calls, the variants
-taking turns), with its torch tensors as they are, pre-converted to TVM-FFI tensors
-(``tvm_ffi.from_dlpack``), and its tuples pre-converted to TVM-FFI arrays; the conversions
-alone last. The difference between the first and the others is TVM-FFI's conversion; what
-remains is CuTe DSL's launch wrapper and CUDA's.
+one thunder + fuser step, replayed alone (the time to issue 200 calls, the least of 3
+turns, the variants taking turns), with its torch tensors as they are, pre-converted to
+TVM-FFI tensors (``tvm_ffi.from_dlpack``), and its tuples pre-converted to TVM-FFI arrays;
+the conversions alone last. The difference between the first and the others is TVM-FFI's
+conversion; what remains is CuTe DSL's launch wrapper and CUDA's.
 
     python scripts/launch_probe.py [pythia-410m]
 
-Session 34, one H100 host, pythia (the mean of 200 calls each, one variant after the
-other): 33 launches in 24 region calls, 282 us a step, 241 with
-tensors pre-converted, 226 with whole arrays (so conversion is 41-56 us of it); a launch
-4.3-6 us with 2-3 tensors, 7-8 us with 8-13, and 9-12 us for most of the backward's
-(some of them two launches, a column reduction and its partials: not checked one by one).
+Session 34, one H100 host, pythia (200 calls each, one variant after the other): 33
+launches in 24 region calls, 282 us a step, 241 with tensors pre-converted, 226 with whole
+arrays (so conversion is 41-56 us of it); a launch 4.3-6 us with 2-3 tensors, 7-8 us with
+8-13, and 9-12 us for most of the backward's (some of them two launches, a column
+reduction and its partials: not checked one by one).
 """
 import sys
 
@@ -88,7 +88,8 @@ def main() -> None:
         pre = tuple(converted(x) for x in a)
         arrays = tuple(tvm_ffi.convert(x) if isinstance(x, tuple) else x for x in pre)
         us = host_us_interleaved({"torch": lambda: f(*a), "ffi": lambda: f(*pre), "arrays": lambda: f(*arrays),
-                                  "conversions": lambda: tuple(converted(x) for x in a)}, calls=200, rounds=3)
+                                  "conversions": lambda: tuple(converted(x) for x in a)}, calls=200, rounds=3,
+                                 issue_only=True)
         rows.append((region, kernel, tensors(a), *(us[k][0] for k in ("torch", "ffi", "arrays", "conversions"))))
     print(f"{len(launches)} launches in {calls} region calls")
     print("| region | kernel | tensors | torch tensors us | ffi tensors us | ffi arrays us | conversions us |")
@@ -100,7 +101,7 @@ def main() -> None:
           % (*total, sum(r[2] for r in rows)))
     x = torch.empty(1024, device="cuda")
     us = host_us_interleaved({"empty_like": lambda: torch.empty_like(x), "add_": lambda: x.add_(1),
-                              "data_ptr": lambda: x.data_ptr()}, calls=200, rounds=3)
+                              "data_ptr": lambda: x.data_ptr()}, calls=200, rounds=3, issue_only=True)
     print("beside them, us: torch.empty_like %.1f, x.add_(1) %.1f, x.data_ptr() %.2f"
           % tuple(us[k][0] for k in ("empty_like", "add_", "data_ptr")))
 
