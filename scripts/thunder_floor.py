@@ -68,11 +68,11 @@ class free_regions:
             runner.fast = fast
 
 
-def training(model: str, layers: int, steps: int, rounds: int = 10) -> None:
+def training(model: str, layers: int, steps: int) -> None:
     from contextlib import nullcontext
 
     from benchmarks.model_zoo import batch, build
-    from benchmarks.models import _step, _time_steps, _zero
+    from benchmarks.models import ROUNDS, _step, _time_steps, _zero, time_interleaved
 
     built = build(model, layers, tiny=not CUDA, device=DEVICE, dtype=torch.bfloat16 if CUDA else torch.float32)
     idx, targets = batch(built, 2, 1024 if CUDA else 16, device=DEVICE)
@@ -86,27 +86,31 @@ def training(model: str, layers: int, steps: int, rounds: int = 10) -> None:
             _zero(m)
             _step(f, idx, targets)
     sync()
-    per_turn = max(1, -(-steps // rounds))
-    times = {label: [] for label, _, _ in entries}
-    issued = {label: [] for label, _, _ in entries}
-    calls = 0
-    # in turns: a lent host's speed drifts by tens of percent within a minute
-    for _ in range(rounds):
-        for label, f, context in entries:
-            with context() as n:
-                calls = n or calls
-                times[label] += _time_steps(f, m, idx, targets, per_turn)
+    calls = [0]
+
+    def turn(f, context, res):
+        """A turn's steps between CUDA events, then as many again timed on the host alone."""
+        def time_steps(n: int) -> list[float]:
+            with context() as freed:
+                calls[0] = freed or calls[0]
+                times = _time_steps(f, m, idx, targets, n)
                 t0 = time.perf_counter()
-                for _ in range(per_turn):
+                for _ in range(n):
                     _zero(m)
                     _step(f, idx, targets)
-                issued[label].append((time.perf_counter() - t0) / per_turn * 1e3)
+                res["issued"].append((time.perf_counter() - t0) / n * 1e3)
                 sync()
-    print(f"| model | step ({rounds} turns of {per_turn} steps each) | ms | host ms issuing it |\n| --- | --- | ---: | ---: |")
-    for label, _, _ in entries:
-        name = f"thunder floor ({calls} region calls free)" if label == "floor" else label
-        print(f"| {model} | {name} | {statistics.median(times[label]):.3f} | {statistics.median(issued[label]):.3f} |",
-              flush=True)
+            return times
+        return time_steps
+
+    results = {label: {"error": None, "issued": []} for label, _, _ in entries}
+    # in turns (``benchmarks.models``'): a lent host's speed drifts by tens of percent within a minute
+    time_interleaved([(results[label], turn(f, c, results[label])) for label, f, c in entries], steps, 2, idx.shape[1])
+    print(f"| model | step ({ROUNDS} turns) | ms | host ms issuing it |\n| --- | --- | ---: | ---: |")
+    for label, res in results.items():
+        name = f"thunder floor ({calls[0]} region calls free)" if label == "floor" else label
+        ms = res.get("step_ms", res["error"])
+        print(f"| {model} | {name} | {ms} | {statistics.median(res['issued']):.3f} |", flush=True)
 
 
 def decode(model: str, layers: int, steps: int) -> None:

@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_thunder_suite(modules: list[str], selection: str, plugin="tests.thunder_suites.fuser_plugin", **env_vars) -> str:
+def _run_thunder_suite(modules: list[str], selection: str, plugin: str = "tests.thunder_suites.fuser_plugin",
+                       **env_vars) -> str:
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
         "-p", plugin, "--pyargs", *modules,
@@ -55,7 +56,6 @@ def test_thunder_inplace_suites_with_fuser_ex(kernels):
     assert " failed" not in tail
 
 
-
 def test_thunders_interpreter_suites_with_our_speedups():
     """thunder/tests/test_interpreter.py and test_jit_general.py, with thunder's own
     executors and ``interpreter_speedups.py`` installed (the package's import installs it):
@@ -68,6 +68,7 @@ def test_thunders_interpreter_suites_with_our_speedups():
         plugin="tests.thunder_suites.compat_plugin",
     )
     assert " failed" not in tail
+
 
 def test_thunder_distributed_suites_with_fuser_ex():
     """thunder/tests/distributed/test_ddp.py and test_fsdp.py with fuser_ex (issue 34). Each of

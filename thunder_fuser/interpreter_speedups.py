@@ -11,9 +11,10 @@ under cProfile). Three of its costs do no work a trace needs:
   two interpreted frames, each an interpreted ``dict.__getitem__``, about 0.85 ms a lookup
   on the CPU machine. pythia's tiny first call made 4,061 of them, 3.5 s of its 7.6. A
   builtin is no input of the program: thunder never unpacks or checks one in the prologue
-  (its wrap callback flags callables and constants as such), so the value is wrapped as the
-  constant it is and nothing else changes (where the module's builtins are Python's own). A name the module defines itself still takes
-  thunder's path, so a global tensor or number keeps its provenance for the prologue.
+  (its wrap callback flags callables and constants as such), so where the module's
+  builtins are Python's own the value is wrapped as the constant it is and nothing else
+  changes. A name the module defines itself still takes thunder's path, so a global tensor
+  or number keeps its provenance for the prologue.
 - **Every frame disassembled anew.** ``_run_frame`` calls ``dis.get_instructions`` on its
   code each time it runs a frame (4,566 frames a pythia first call, most of them the same
   few lookaside bodies); the instructions of a code object never change, so they are
@@ -76,9 +77,10 @@ def _fast_globals_lookup(interpreter):
         with a dict of its own) takes thunder's path."""
         g, n = unwrap(globals_dict), unwrap(name)
         if type(n) is str and type(g) is dict and n not in g:
-            table = g.get("__builtins__", _MISSING)
-            if (table is builtins or table is _BUILTINS) and n in _BUILTINS:
-                return wrap_const(_BUILTINS[n])
+            table = g.get("__builtins__")
+            value = _BUILTINS.get(n, _MISSING)
+            if (table is builtins or table is _BUILTINS) and value is not _MISSING:
+                return wrap_const(value)
         return original(globals_dict, name)
 
     globals_lookup.thunder_fuser_original = original
@@ -100,8 +102,8 @@ def _prompt_frame_maker(original):
 
 
 def speed_up_thunders_interpreter() -> bool:
-    """Install both on thunder's interpreter; False where this thunder is not the one they
-    were read from, or they are switched off (nothing is changed then)."""
+    """Install all three on thunder's interpreter; False where this thunder is not the one
+    they were read from, or they are switched off (nothing is changed then)."""
     if os.environ.get("THUNDER_FUSER_FAST_INTERPRETER", "1") == "0":
         return False
     try:
