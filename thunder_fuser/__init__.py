@@ -12,6 +12,7 @@ from thunder_fuser._compat import restore_named_tensor_stubs
 restore_named_tensor_stubs()  # must run before thunder is imported
 
 from thunder_fuser.attention import attention_ex  # noqa: E402
+from thunder_fuser.compile_gc import hold_gc_while_compiling  # noqa: E402
 from thunder_fuser.executor import fuser_ex  # noqa: E402
 from thunder_fuser.explain import explain  # noqa: E402
 from thunder_fuser.graphs import graphed  # noqa: E402
@@ -22,6 +23,7 @@ from thunder_fuser.missing_torch_ops import register_missing_torch_ops  # noqa: 
 register_missing_torch_ops()
 cheapen_thunders_meta_dummies()
 speed_up_thunders_interpreter()
+hold_gc_while_compiling()
 
 
 def executors() -> list:

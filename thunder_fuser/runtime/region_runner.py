@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from thunder_fuser.compile_gc import held
 from thunder_fuser.ir.region import Region
 from thunder_fuser.runtime.plan import Plan, build_plan, spec_key
 from thunder_fuser.runtime.straight_line import straight_line
@@ -50,6 +51,12 @@ class RegionRunner:
     def general(self, args):
         """The plan for these inputs' strides, run by ``Plan.run`` (any call), and the
         generated code written once the first plan has settled."""
+        if not self.fast_tried:  # the first calls build the plan: the collector held back as thunder's compile
+            with held():
+                return self._general(args)
+        return self._general(args)
+
+    def _general(self, args):
         key = spec_key(args)
         plan = self.plans.get(key) or self.plan_for(args)
         out = plan.run(args)
