@@ -15,10 +15,11 @@ def merge(dirs: list[str], results: str) -> None:
     """Join the runs under ``dirs`` into ``results``. A later run of a model replaces an
     earlier one; a contender it did not run is kept from ``results``' models.json, marked
     ``earlier_run`` (its ratio to torch.compile then compares two runs)."""
-    earlier = {}
+    earlier, device = {}, ""
     old = os.path.join(results, "models.json")
     if os.path.exists(old):
-        earlier = {m["name"]: m for m in json.load(open(old))["models"]}
+        kept = json.load(open(old))
+        earlier, device = {m["name"]: m for m in kept["models"]}, kept.get("device", "")
     runs = dict(earlier)
     for d in dirs:
         for path in sorted(glob.glob(os.path.join(d, "models-*.json"))):
@@ -29,9 +30,8 @@ def merge(dirs: list[str], results: str) -> None:
                     r["contenders"][kind] = {**c, "earlier_run": True}
             runs[r["name"]] = r
     models = [runs[n] for n in sorted(runs)]
-    device = models[0].get("device", "") if models else ""
-    for m in models:
-        m.pop("device", None)
+    for m in models:  # a run's own device (the newest), else the one the results held
+        device = m.pop("device", None) or device
     os.makedirs(results, exist_ok=True)
     with open(os.path.join(results, "models.json"), "w") as f:
         json.dump({"device": device, "models": models}, f, indent=1)

@@ -78,6 +78,29 @@ def test_the_model_benchmark_writes_the_schema_other_tools_read(tmp_path, monkey
     assert list(m["contenders"]) == ["eager", "thunder+fuser", "eager #2"] and "| pythia-410m | eager #2 |" in table
 
 
+def test_a_merge_keeps_the_device_line_of_the_results_it_joins(tmp_path):
+    """Merging a run of some models into results that hold others keeps the results'
+    device line where the run names none, and takes the run's where it does."""
+    from benchmarks.models_report import merge
+
+    def model(name, device=None):
+        m = {"name": name, "config": {}, "contenders": {"eager": {"step_ms": 1.0, "error": None}}}
+        return m if device is None else {**m, "device": device}
+
+    results, run = tmp_path / "results", tmp_path / "run"
+    results.mkdir()
+    run.mkdir()
+    (results / "models.json").write_text(json.dumps({"device": "H100 (earlier)", "models": [model("a")]}))
+    (run / "models-b.json").write_text(json.dumps(model("b")))
+    merge([str(run)], str(results))
+    data = json.loads((results / "models.json").read_text())
+    assert data["device"] == "H100 (earlier)" and [m["name"] for m in data["models"]] == ["a", "b"]
+    assert "H100 (earlier)" in (results / "models.md").read_text()
+    (run / "models-b.json").write_text(json.dumps(model("b", "H100 (this run)")))
+    merge([str(run)], str(results))
+    assert json.loads((results / "models.json").read_text())["device"] == "H100 (this run)"
+
+
 def test_a_decode_contender_named_twice_keeps_both_runs(tmp_path):
     """``benchmarks.decode`` with a contender named again (an order test: does a contender
     run after torch.compile's run slower?) reports both runs, the second as ``NAME #2``, each
