@@ -193,6 +193,31 @@ def test_a_segment_whose_reference_run_holds_much_memory_compiles_at_the_first_c
     assert big
 
 
+def test_a_segment_within_the_gpus_reference_budget_runs_on_the_reference_backend_first(stand_in, monkeypatch):
+    """The same loss where a sixteenth of the GPU's free memory holds its reference run
+    (``plan.reference_budget``): queued for a worker like the rest, not compiled at once."""
+    import torch.nn.functional as F
+
+    def loss(x, t):
+        return F.cross_entropy(x.float(), t)
+
+    x, t = torch.randn(64, 512, dtype=torch.bfloat16), torch.randint(0, 512, (64,))
+    monkeypatch.setattr(plan_mod, "REFERENCE_BYTES_TO_DEFER", 64 * 512 * 4 - 1)
+    monkeypatch.setattr(plan_mod, "reference_budget", lambda device: 2**40)
+    jfn = thunder.jit(loss, executors=[fuser_ex])
+    torch.testing.assert_close(jfn(x, t), loss(x, t))
+    assert stand_in.launches == 0 and stand_in.queued > 0
+
+
+def test_the_reference_budget_is_a_sixteenth_of_the_free_gpu_memory_at_least_256_mib(monkeypatch):
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (64 * 2**30, 80 * 2**30))
+    assert plan_mod.reference_budget(gpu) == 4 * 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 80 * 2**30))
+    assert plan_mod.reference_budget(gpu) == plan_mod.REFERENCE_BYTES_TO_DEFER
+    assert plan_mod.reference_budget(torch.device("cpu")) == plan_mod.REFERENCE_BYTES_TO_DEFER
+
+
 def test_a_kernel_that_fails_to_build_in_a_later_call_falls_back_with_one_warning(monkeypatch, stand_in):
     compiler = _StandIn(fail="rows")
     monkeypatch.setattr(segment_kernel, "compile_members", compiler)

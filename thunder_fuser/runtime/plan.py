@@ -29,11 +29,25 @@ from thunder_fuser.segment.views import fresh_values
 
 _UNSET = object()
 
-# a segment whose reference run holds more than this beyond its outputs compiles at the
+# a segment whose reference run holds more than this beyond its outputs (or, on a GPU, more
+# than ``FREE_FRACTION_TO_DEFER`` of its free memory, where that is more) compiles at the
 # first call rather than run on the reference backend while a worker compiles it: the first
-# step's memory stays near the kernels' (a loss's fp32 logits would add 2 GiB at a 128k
-# vocabulary)
+# step's memory stays near the kernels' (a loss's reference run over a 128k vocabulary and
+# 2 x 1024 tokens holds 10.5 GiB). An MLP's SwiGLU at 8192 wide holds 320-576 MiB there:
+# with a fixed 256 MiB, transformers' Llama compiled 12 kernels one by one inside its first
+# step (6.2-6.9 s on an H100 host) rather than in the workers beside the rest
 REFERENCE_BYTES_TO_DEFER = 256 * 2**20
+FREE_FRACTION_TO_DEFER = 1 / 16
+
+
+def reference_budget(device) -> int:
+    """The most a deferred segment's reference run may hold on ``device``: a sixteenth of
+    its free memory, at least ``REFERENCE_BYTES_TO_DEFER`` (segments run one after another,
+    so the first step holds at most that much beyond its kernels' memory)."""
+    if getattr(device, "type", None) != "cuda":
+        return REFERENCE_BYTES_TO_DEFER
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(REFERENCE_BYTES_TO_DEFER, int(free * FREE_FRACTION_TO_DEFER))
 
 
 def reference_bytes(seg: Segment) -> int:
@@ -92,13 +106,21 @@ class Plan:
 
     def _prepared(self, seg: Segment, mode: str, env, compile_now: bool) -> SegmentKernel:
         k = SegmentKernel(seg, self.orders, mode)
-        k.prepare(env, _device_of(env, self.region), compile_now, defer=self._may_defer([seg]))
+        device = _device_of(env, self.region)
+        k.prepare(env, device, compile_now, defer=self._may_defer([seg], device))
         return k
 
-    def _may_defer(self, segs: list) -> bool:
+    def _may_defer(self, segs: list, device=None) -> bool:
         """May these segments' kernels compile in workers while the reference backend runs
-        them (the plan's first call, none holding much memory there)?"""
-        return not self.called and all(reference_bytes(s) <= REFERENCE_BYTES_TO_DEFER for s in segs)
+        them (the plan's first call, none holding much memory there: ``reference_budget``)?"""
+        if self.called:
+            return False
+        sizes = [reference_bytes(s) for s in segs]
+        if all(b <= REFERENCE_BYTES_TO_DEFER for b in sizes):
+            return True
+        if device is None:
+            device = next((k.device for s in segs if (k := self.kernels.get(s.index)) is not None), None)
+        return all(b <= reference_budget(device) for b in sizes)
 
     def _built(self, seg: Segment, k: SegmentKernel, defer: bool = False):
         """``k`` with its kernels built (waiting for the workers that compile them; ``defer``:
