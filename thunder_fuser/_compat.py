@@ -31,3 +31,18 @@ def restore_named_tensor_stubs() -> tuple[str, ...]:
             setattr(torch.Tensor, name, _make_stub(name))
             added.append(name)
     return tuple(added)
+
+
+def thunder_0_2_6(switch: str):
+    """thunder, where a patch of ours read from its 0.2.6 source may go on it: None where
+    the environment variable ``switch`` is ``0``, thunder is missing, or it is another
+    release (the patches check the functions they replace as well)."""
+    import os
+
+    if os.environ.get(switch, "1") == "0":
+        return None
+    try:
+        import thunder
+    except ImportError:
+        return None
+    return thunder if getattr(thunder, "__version__", None) == "0.2.6" else None

@@ -28,6 +28,8 @@ import functools
 import gc
 import os
 
+from thunder_fuser._compat import thunder_0_2_6
+
 COMPILE_THRESHOLD = 100_000
 
 _saved: list = []  # the thresholds to restore, while a compile runs (nested compiles: the outermost's)
@@ -93,13 +95,8 @@ def _released_with(entry_type):
 def hold_gc_while_compiling() -> bool:
     """Install the two hooks on thunder's ``jit``; False where switched off or where this
     thunder is not the one they were read from (nothing is changed then)."""
-    if not _ON:
-        return False
-    try:
-        import thunder
-    except ImportError:
-        return False
-    if getattr(thunder, "__version__", None) != "0.2.6":
+    thunder = thunder_0_2_6("THUNDER_FUSER_COMPILE_GC")
+    if thunder is None:
         return False
     trace, entry = getattr(thunder, "thunder_general_jit", None), getattr(thunder, "CacheEntry", None)
     if hasattr(trace, "thunder_fuser_original"):

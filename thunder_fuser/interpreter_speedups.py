@@ -36,9 +36,10 @@ from __future__ import annotations
 import builtins
 import dis
 import functools
-import os
 import sys
 import types
+
+from thunder_fuser._compat import thunder_0_2_6
 
 _MISSING = object()
 _BUILTINS = builtins.__dict__
@@ -104,15 +105,10 @@ def _prompt_frame_maker(original):
 def speed_up_thunders_interpreter() -> bool:
     """Install all three on thunder's interpreter; False where this thunder is not the one
     they were read from, or they are switched off (nothing is changed then)."""
-    if os.environ.get("THUNDER_FUSER_FAST_INTERPRETER", "1") == "0":
+    if thunder_0_2_6("THUNDER_FUSER_FAST_INTERPRETER") is None:
         return False
-    try:
-        import thunder
-        import thunder.core.interpreter as interpreter
-    except ImportError:
-        return False
-    if getattr(thunder, "__version__", None) != "0.2.6":
-        return False
+    import thunder.core.interpreter as interpreter
+
     lookup = interpreter.globals_lookup
     if hasattr(lookup, "thunder_fuser_original"):
         return True
