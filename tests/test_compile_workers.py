@@ -204,6 +204,7 @@ def test_a_segment_within_the_gpus_reference_budget_runs_on_the_reference_backen
     x, t = torch.randn(64, 512, dtype=torch.bfloat16), torch.randint(0, 512, (64,))
     monkeypatch.setattr(plan_mod, "REFERENCE_BYTES_TO_DEFER", 64 * 512 * 4 - 1)
     monkeypatch.setattr(plan_mod, "reference_budget", lambda device: 2**40)
+    monkeypatch.setenv("THUNDER_FUSER_COMPILE_WORKERS", "2")  # there are workers to defer to (the stand-in's)
     jfn = thunder.jit(loss, executors=[fuser_ex])
     torch.testing.assert_close(jfn(x, t), loss(x, t))
     assert stand_in.launches == 0 and stand_in.queued > 0
@@ -211,8 +212,12 @@ def test_a_segment_within_the_gpus_reference_budget_runs_on_the_reference_backen
 
 def test_the_reference_budget_is_a_sixteenth_of_the_free_gpu_memory_at_least_256_mib(monkeypatch):
     gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (64 * 2**30, 80 * 2**30))
     assert plan_mod.reference_budget(gpu) == 4 * 2**30
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)  # not asked inside a capture
+    assert plan_mod.reference_budget(gpu) == plan_mod.REFERENCE_BYTES_TO_DEFER
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 80 * 2**30))
     assert plan_mod.reference_budget(gpu) == plan_mod.REFERENCE_BYTES_TO_DEFER
     assert plan_mod.reference_budget(torch.device("cpu")) == plan_mod.REFERENCE_BYTES_TO_DEFER

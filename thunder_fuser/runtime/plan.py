@@ -16,6 +16,7 @@ from thunder_fuser import debug
 from thunder_fuser.backends import reference
 from thunder_fuser.ir.ops import METADATA
 from thunder_fuser.ir.region import Region
+from thunder_fuser.kernels import compile_workers
 from thunder_fuser.kernels.backend import KERNEL_KINDS, _device_of, kernel_mode, warn_fallback
 from thunder_fuser.kernels.segment_kernel import SegmentKernel, launch_group
 from thunder_fuser.kernels.unsupported import Unsupported
@@ -44,8 +45,8 @@ def reference_budget(device) -> int:
     """The most a deferred segment's reference run may hold on ``device``: a sixteenth of
     its free memory, at least ``REFERENCE_BYTES_TO_DEFER`` (segments run one after another,
     so the first step holds at most that much beyond its kernels' memory)."""
-    if getattr(device, "type", None) != "cuda":
-        return REFERENCE_BYTES_TO_DEFER
+    if getattr(device, "type", None) != "cuda" or torch.cuda.is_current_stream_capturing():
+        return REFERENCE_BYTES_TO_DEFER  # (a graph's capture compiles at once anyway: ``compile_workers.paused``)
     free, _ = torch.cuda.mem_get_info(device)
     return max(REFERENCE_BYTES_TO_DEFER, int(free * FREE_FRACTION_TO_DEFER))
 
@@ -118,6 +119,8 @@ class Plan:
         sizes = [reference_bytes(s) for s in segs]
         if all(b <= REFERENCE_BYTES_TO_DEFER for b in sizes):
             return True
+        if compile_workers.count() == 0:  # nothing to defer to: no need to ask the device
+            return False
         if device is None:
             device = next((k.device for s in segs if (k := self.kernels.get(s.index)) is not None), None)
         return all(b <= reference_budget(device) for b in sizes)
