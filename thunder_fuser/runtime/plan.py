@@ -111,7 +111,7 @@ class Plan:
         k.prepare(env, device, compile_now, defer=self._may_defer([seg], device))
         return k
 
-    def _may_defer(self, segs: list, device=None) -> bool:
+    def _may_defer(self, segs: list, device) -> bool:
         """May these segments' kernels compile in workers while the reference backend runs
         them (the plan's first call, none holding much memory there: ``reference_budget``)?"""
         if self.called:
@@ -121,9 +121,8 @@ class Plan:
             return True
         if compile_workers.count() == 0:  # nothing to defer to: no need to ask the device
             return False
-        if device is None:
-            device = next((k.device for s in segs if (k := self.kernels.get(s.index)) is not None), None)
-        return all(b <= reference_budget(device) for b in sizes)
+        budget = reference_budget(device)  # the device asked once, not once a segment
+        return all(size <= budget for size in sizes)
 
     def _built(self, seg: Segment, k: SegmentKernel, defer: bool = False):
         """``k`` with its kernels built (waiting for the workers that compile them; ``defer``:
@@ -161,7 +160,7 @@ class Plan:
         made, so all can be built now, their own launches not compiled yet) as one launch, or
         None (the reason kept for explain)."""
         ks = [self.kernels[s.index] if s.index in self.kernels else self._kernel_for(s, env, False) for s in step]
-        g, why = launch_group(ks, defer=self._may_defer(step))
+        g, why = launch_group(ks, defer=self._may_defer(step, _device_of(env, self.region)))
         self.groups[step[0].index] = g
         if g is None:
             self.apart[step[0].index] = why
@@ -195,7 +194,7 @@ class Plan:
         for seg in step:
             k = self.kernels.get(seg.index)
             if k is not None:
-                self._built(seg, k, defer=self._may_defer([seg]))
+                self._built(seg, k, defer=self._may_defer([seg], k.device))
 
     def run(self, args):
         if self.error is not None:
