@@ -70,6 +70,41 @@ def test_no_op_moves_across_an_in_place_write():
     check_vs_eager(_read_then_written, torch.randn(4, 16), torch.randn(16, 16), torch.randn(4, 16))
 
 
+def _between_input_gradient_matmuls(dq, dk, dv, wq, wk, wv):
+    """transformers' attention backward after the attention: the input gradient is a sum of
+    three matmuls, and between them the program sums a bias gradient, views the next
+    projection's gradient for its matmul and views the results to add them."""
+    gq, gk, gv = dq * 2.0, dk * 3.0, dv.tanh()
+    x = gv.reshape(-1, 16) @ wv
+    bv = gv.sum((0, 1))  # a reduction of what the region before made: up into it
+    x2 = gk.reshape(-1, 16) @ wk  # a view a matmul reads: torch takes it, in no region
+    bk = gk.sum((0, 1))
+    s = x.view(2, 8, 32) + x2.view(2, 8, 32)  # reads the matmuls: down into the region after
+    x3 = gq.reshape(-1, 16) @ wq
+    return (s.view(-1, 32) + x3).relu(), bv, bk
+
+
+@pytest.mark.parametrize("dissolve", ["1", "0"])
+def test_the_regions_between_the_input_gradients_matmuls_dissolve(dissolve, monkeypatch):
+    monkeypatch.setenv("THUNDER_FUSER_DISSOLVE", dissolve)
+    grads = [torch.randn(2, 8, 16) for _ in range(3)]
+    jfn, _ = check_vs_eager(_between_input_gradient_matmuls, *grads, *[torch.randn(16, 32) for _ in range(3)])
+    assert len(fusion_names(jfn)) == (2 if dissolve == "1" else 3)
+
+
+def _elementwise_for_the_matmul(x, w):
+    """A run whose op a matmul after it reads and that is no view stays a region."""
+    h = x.tanh()
+    a = h @ w
+    b = (h * 2.0) @ w
+    return (a + b).relu()
+
+
+def test_a_run_that_computes_a_matmuls_operand_stays():
+    jfn, _ = check_vs_eager(_elementwise_for_the_matmul, torch.randn(8, 16), torch.randn(16, 16))
+    assert len(fusion_names(jfn)) == 3
+
+
 def _contiguous_then_view(x, w):
     """The attention output's ``transpose(1, 2).contiguous().view(b, s, -1)``: a ``view``
     that only a dense tensor allows, then a matmul."""

@@ -27,13 +27,21 @@ def test_a_cotangent_of_the_losss_dtype_and_no_dims():
     torch.testing.assert_close(x, expected, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 8), (torch.float32, 4), (torch.float64, 2), (torch.float16, 1)])
-def test_the_kernel_exits_on_a_one_and_moves_whole_vectors(dtype, v, ptx_compile):
-
-    fn = build(dtype, v, "sm_90a")
+@pytest.mark.parametrize("dtype,v,gdtype", [(torch.bfloat16, 8, torch.bfloat16), (torch.bfloat16, 8, torch.float32),
+                                            (torch.float32, 4, torch.float32), (torch.float64, 2, torch.float64),
+                                            (torch.float16, 1, torch.float16)])
+def test_the_kernel_exits_on_a_one_and_moves_whole_vectors(dtype, v, gdtype, ptx_compile):
+    """The cotangent is read in its own dtype (no conversion kernel before the launch) and
+    compared with one exactly: in fp32, or fp64 for an fp64 cotangent."""
+    fn = build(dtype, v, "sm_90a", gdtype)
     ptx = fn.artifacts.PTX
     ptx = Path(ptx).read_text() if ptx.endswith(".ptx") else ptx
-    assert re.search(r"setp\.(eq|ne)\.f32\s+%p\d+, %r\d+, 0f3F800000", ptx), "no compare of the cotangent with one"
+    one = {torch.float32: r"setp\.(eq|ne)\.f32\s+%p\d+, %r\d+, 0f3F800000",
+           torch.float64: r"setp\.(eq|ne)\.f64\s+%p\d+, %rd\d+, 0d3FF0000000000000",
+           # a half-precision one compared in its own dtype (as exact as in fp32)
+           torch.bfloat16: r"mov\.b16\s+(%rs\d+), 0x3F80;[\s\S]*setp\.(eq|ne)\.bf16\s+%p\d+, %rs\d+, \1;",
+           torch.float16: r"mov\.b16\s+(%rs\d+), 0x3C00;[\s\S]*setp\.(eq|ne)\.f16\s+%p\d+, %rs\d+, \1;"}[gdtype]
+    assert re.search(one, ptx), "no compare of the cotangent with one"
     width = {8: "v4.b32", 4: "v4.b32", 2: "v2.b64", 1: "b16"}[v]
     assert f"ld.global.{width}" in ptx and f"st.global.{width}" in ptx, re.findall(r"(?:ld|st)\.global[.\w]*", ptx)
 
@@ -42,11 +50,13 @@ def test_the_kernel_exits_on_a_one_and_moves_whole_vectors(dtype, v, ptx_compile
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
 @pytest.mark.parametrize("numel", [1, 7, 4096, 1000003])
 @pytest.mark.parametrize("g", [1.0, 0.5, float("nan")])
-def test_on_the_gpu_against_torch(dtype, numel, g):
+@pytest.mark.parametrize("gdtype", ["float32", "its own"])
+def test_on_the_gpu_against_torch(dtype, numel, g, gdtype):
     x = torch.randn(numel, device="cuda").to(dtype)
     expected = x if g == 1.0 else (x.to(torch.float64) * g).to(dtype)
     before = x.clone()
-    out = scale_unless_one_(x, torch.tensor(g, device="cuda"), use_kernel=True)  # a loss's cotangent: no dims
+    cotangent = torch.tensor(g, device="cuda", dtype=torch.float32 if gdtype == "float32" else dtype)  # no dims
+    out = scale_unless_one_(x, cotangent, use_kernel=True)
     assert out is x
     if g == 1.0:
         torch.testing.assert_close(x, before, atol=0, rtol=0)

@@ -9,6 +9,7 @@ the region IR.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
@@ -26,7 +27,7 @@ from thunder.extend import FusionExecutor, register_executor
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.dead_inputs import dead_inputs
-from thunder_fuser.hoist_externs import contiguous_of_resizes, hoist_externs, hoist_views
+from thunder_fuser.hoist_externs import contiguous_of_resizes, dissolve_runs, hoist_externs, hoist_views
 from thunder_fuser.index_copy_in_place import in_place_index_copies
 from thunder_fuser.input_aliases import with_alias_guard
 from thunder_fuser.narrow_loss_gradient import narrow_loss_gradients
@@ -180,6 +181,9 @@ class FuserExecutor(FusionExecutor):
         ours = {id(b) for b in noted.bound_symbols if self.can_fuse(b)}  # asked once: both passes ask often
         claimed = lambda b: id(b) in ours  # noqa: E731
         noted.bound_symbols = hoist_externs(hoist_views(noted.bound_symbols, claimed), claimed)
+        if _dissolving():
+            noted.bound_symbols, released = dissolve_runs(noted.bound_symbols, claimed)
+            self._kept_apart |= released  # views torch takes between matmuls, in no region
         for bsyms in fuse_bound_symbols(noted, _should_fuse):
             if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
                 fused.append((bsyms[0], bsyms))
@@ -216,6 +220,12 @@ class FuserExecutor(FusionExecutor):
 # by symbol name: the same for thunder's torch-level symbols, its prims and the torch
 # executor's implementations, which is what the trace holds by the time fusion passes run
 _MATMUL_NAMES = {"matmul": "matmul", "bmm": "matmul", "linear": "linear"}
+
+
+def _dissolving() -> bool:
+    """``hoist_externs.dissolve_runs``, on unless ``THUNDER_FUSER_DISSOLVE=0`` (read at each
+    fusion pass: a step traced with it off keeps the regions it made)."""
+    return os.environ.get("THUNDER_FUSER_DISSOLVE", "1") not in ("", "0")
 
 
 def _on_cuda(trace: TraceCtx) -> bool:

@@ -24,6 +24,7 @@ it was already live.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from thunder.core import prims
@@ -33,7 +34,7 @@ from thunder.core.symbol import BoundSymbol
 
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID
 from thunder_fuser.ir.from_thunder import flatten_to_supported
-from thunder_fuser.ir.ops import RESIZE, VIEW
+from thunder_fuser.ir.ops import REDUCTION, RESIZE, VIEW
 
 _WRITES = (prims.PrimIDs.COPY_, COPY_TO_OUT_ID)
 _FIXED_TAGS = (OpTags.IN_PLACE, OpTags.DONT_DCE)
@@ -137,6 +138,99 @@ def hoist_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol], boo
             at = len(out)  # into the middle of a run: one region cut in two, nothing joined
         out.insert(at, b)
     return out
+
+
+def _reduces(b: BoundSymbol) -> bool:
+    """A reduction whose results are smaller than its largest operand (a bias gradient's sum
+    over the tokens): moved earlier, what it keeps alive longer is small."""
+    try:
+        prims_of = {f.sym.name for f in flatten_to_supported(b)}
+    except NotImplementedError:
+        return False
+    if not prims_of & set(REDUCTION):
+        return False
+    size = lambda ps: max((math.prod(p.shape) for p in ps if isinstance(p, TensorProxy)), default=0)  # noqa: E731
+    return size(b.flat_proxy_outs) < size(b.flat_proxy_args)
+
+
+def _runs(bsyms: list[BoundSymbol], claimed) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each maximal run of claimed ops."""
+    runs, start = [], None
+    for i, b in enumerate(bsyms):
+        if claimed(b) and start is None:
+            start = i
+        elif not claimed(b) and start is not None:
+            runs.append((start, i))
+            start = None
+    if start is not None:
+        runs.append((start, len(bsyms)))
+    return runs
+
+
+def _split_run(run, before, after, claimed) -> tuple[list, list, list] | None:
+    """``run``'s ops as (up, left, down), each in order, or None if some op can go nowhere:
+    - left: the views whose results the unclaimed ops ``after`` read (a matmul's operands),
+      and the views they view: they stay where they are, run by torch as views (as a region
+      of views only ran them), so no region has to store a view of its own result;
+    - up: the reductions (and the views only they read) that read nothing ``before`` makes,
+      into the run before: what they keep alive longer is small;
+    - down: every other op, into the run after: nothing ``after`` reads it."""
+    if not all(_passable(b, claimed) and _movable(b) for b in run):
+        return None
+    needed = set().union(*(_names(b.flat_proxy_args) for b in after))
+    left: set[int] = set()
+    for b in reversed(run):
+        if _names(b.flat_proxy_outs) & needed:
+            if not _free_view(b):
+                return None
+            left.add(id(b))
+            needed |= _names(b.flat_proxy_args)
+    blocked = set().union(*(_names(b.flat_proxy_outs) for b in before))  # names an up op may not read
+    up_ok: set[int] = set()
+    for b in run:
+        if id(b) not in left and (_free_view(b) or _reduces(b)) and not (_names(b.flat_proxy_args) & blocked):
+            up_ok.add(id(b))
+        else:
+            blocked |= _names(b.flat_proxy_outs)
+    up: set[int] = set()
+    wanted: set[str] = set()  # what the reductions going up read
+    for b in reversed(run):
+        if id(b) in up_ok and (_reduces(b) or _names(b.flat_proxy_outs) & wanted):
+            up.add(id(b))
+            wanted |= _names(b.flat_proxy_args)
+    pick = lambda ids: [b for b in run if id(b) in ids]  # noqa: E731
+    return pick(up), pick(left), [b for b in run if id(b) not in up and id(b) not in left]
+
+
+def dissolve_runs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol], bool]) -> tuple[list[BoundSymbol], set[int]]:
+    """``bsyms`` without the runs of claimed ops that need not sit between the unclaimed
+    ops around them, and the ids of the ops released to torch. Each op of such a run moves
+    up into the run before, stays as a view torch takes, or moves down into the run after
+    (``_split_run``), and the region it would have made is gone. transformers' attention
+    backward sums each projection's bias gradient, views the next projection's output
+    gradient for its matmuls and views the matmuls' results to add them, all between the
+    input gradients' matmuls: two regions a layer, each a call (and a launch for the sums),
+    whose ops belong to the regions around them or need none. Only pure ops move, only
+    across pure unclaimed ops (as above); a run that the runs around it cannot take stays."""
+    out, released = list(bsyms), set()
+    ours = lambda b: claimed(b) and id(b) not in released  # noqa: E731
+    i = 1
+    while True:
+        runs = _runs(out, ours)
+        if i >= len(runs) - 1:
+            return out, released
+        (_, prev_stop), (start, stop), (next_start, _) = runs[i - 1], runs[i], runs[i + 1]
+        before, run, after = out[prev_stop:start], out[start:stop], out[stop:next_start]
+        split = None
+        if all(_movable(b) for b in before + after):
+            split = _split_run(run, before, after, ours)
+        if split is None:
+            i += 1
+            continue
+        up, left, down = split
+        released |= {id(b) for b in left}
+        out[prev_stop:next_start] = up + before + left + after + down
+        # the run before has grown; the next run is now the one after it
 
 
 def contiguous_of_resizes(bsyms: list[BoundSymbol]) -> frozenset[int]:

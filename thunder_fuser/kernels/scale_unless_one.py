@@ -9,7 +9,9 @@ stop the host at every step until the forward has finished (Liger-Kernel's ``tor
 does), so the kernel reads it: a grid of a few blocks per SM (a grid-stride loop), each of
 which returns at once on a one, so the skipped backward costs one launch. Otherwise each
 thread scales 16-byte vectors of the flat tensor; a ragged tail (fewer than a vector's
-elements) is a second launch of the same kernel over one element per vector.
+elements) is a second launch of the same kernel over one element per vector. The kernel
+reads the cotangent in its own dtype (a bf16 model's loss is bf16): converting it first
+would be a torch kernel and an allocation every training step.
 """
 
 
@@ -33,38 +35,41 @@ def scale_unless_one_(x: torch.Tensor, g: torch.Tensor, use_kernel: bool) -> tor
             x.copy_(x.to(wide) * g.to(wide))
         return x
     g = g.reshape(1)
-    if g.dtype != torch.float32:
+    if g.dtype not in COTANGENT_DTYPES:
         g = g.float()
-    flat = x.view(-1)
+    n = x.numel()
     v = 16 // x.element_size()
-    whole = flat.numel() // v * v
+    whole = n // v * v
     if whole:
-        fn, blocks = _launcher(x.dtype, v, x.device)
-        fn(flat[:whole].view(-1, v), g, blocks)
-    if whole < flat.numel():
-        fn, _ = _launcher(x.dtype, 1, x.device)
-        fn(flat[whole:].view(-1, 1), g, 1)
+        fn, blocks = _launcher(x.dtype, g.dtype, v, x.device)
+        fn(x.view(-1, v) if whole == n else x.view(-1)[:whole].view(-1, v), g, blocks)
+    if whole < n:
+        fn, _ = _launcher(x.dtype, g.dtype, 1, x.device)
+        fn(x.view(-1)[whole:].view(-1, 1), g, 1)
     return x
 
 
-_launchers: dict = {}  # (dtype, vector, device) -> (compiled function, blocks): one lookup a call
+COTANGENT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)  # read as they are
+_launchers: dict = {}  # (dtype, cotangent dtype, vector, device) -> (compiled function, blocks): one lookup a call
 
 
-def _launcher(dtype: torch.dtype, v: int, device) -> tuple:
-    key = (dtype, v, device)
+def _launcher(dtype: torch.dtype, gdtype: torch.dtype, v: int, device) -> tuple:
+    key = (dtype, gdtype, v, device)
     hit = _launchers.get(key)
     if hit is None:
         from thunder_fuser.kernels.segment_kernel import arch_of
 
         arch = arch_of(device)
-        fn = cache.get_or_compile(("scale_unless_one v1", str(dtype), v, arch), lambda: build(dtype, v, arch))
+        fn = cache.get_or_compile(("scale_unless_one v2", str(dtype), str(gdtype), v, arch),
+                                  lambda: build(dtype, v, arch, gdtype))
         hit = _launchers[key] = (fn, torch.cuda.get_device_properties(device).multi_processor_count * BLOCKS_PER_SM)
     return hit
 
 
-def build(dtype: torch.dtype, v: int, arch: str):
+def build(dtype: torch.dtype, v: int, arch: str, gdtype: torch.dtype = torch.float32):
     """The compiled launch ``fn(x, g, blocks)`` for ``x`` of shape ``[n, v]`` (rows of one
-    16-byte vector where ``v`` fills one, 16-byte aligned) and ``g`` of shape ``[1]``."""
+    16-byte vector where ``v`` fills one, 16-byte aligned) and ``g`` of shape ``[1]`` and
+    dtype ``gdtype``, compared with one in fp32 (fp64 for an fp64 ``g``: exact either way)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -73,14 +78,15 @@ def build(dtype: torch.dtype, v: int, arch: str):
     from thunder_fuser.kernels.segment_kernel import EXTRA_OPTIONS
 
     wide = cutlass.Float64 if dtype == torch.float64 else cutlass.Float32  # what the product is taken in
+    gwide = cutlass.Float64 if gdtype == torch.float64 else cutlass.Float32  # what g is compared in
 
     @cute.kernel
     def kernel(x: cute.Tensor, g: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        s = g[0]
-        if s != cutlass.Float32(1.0):
+        s = g[0].to(gwide)
+        if s != gwide(1.0):
             for i in cutlass.range(bidx * THREADS + tidx, cute.size(x, mode=[0]), gdim * THREADS):
                 row = x[i, None]
                 row.store((row.load().to(wide) * s.to(wide)).to(x.element_type))
@@ -90,6 +96,6 @@ def build(dtype: torch.dtype, v: int, arch: str):
         kernel(x, g).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1), stream=stream)
 
     fake_x = make_fake_tensor(cute_dtype(dtype), (cute.sym_int32(), v), (v, 1), assumed_align=16 if v > 1 else None)
-    fake_g = make_fake_tensor(cutlass.Float32, (1,), (1,), assumed_align=4)
+    fake_g = make_fake_tensor(cute_dtype(gdtype), (1,), (1,), assumed_align=gdtype.itemsize)
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(launch, fake_x, fake_g, 0, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}" + EXTRA_OPTIONS)

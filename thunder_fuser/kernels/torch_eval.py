@@ -69,6 +69,10 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
         return r
 
     try:
+        # every store's value before any is written, as a kernel reads each element before it
+        # writes there: a store written over a dead input (``runtime/donation.py``) must not
+        # change what a later store reads of it (the sums of a normalization's backward)
+        writes = []
         for st, slot in zip(prog.stores, geo.store_slot):
             v = views[slot]
             r = torch.as_tensor(ev(st.expr), device=v.device).expand(v.shape)
@@ -76,7 +80,10 @@ def run_program(prog: Program, geo: Geometry, views: list[torch.Tensor]) -> None
                 dims = column_dims if st.across else reduced_dims
                 one = tuple(slice(0, 1) if d in dims else slice(None) for d in range(ndim))
                 v, r = v[one], r[one]
-            v.copy_(r)
+            writes.append((v, r))
+        places = {v.untyped_storage().data_ptr() for v, _ in writes}
+        for v, r in writes:
+            v.copy_(r.clone() if r.untyped_storage().data_ptr() in places and len(writes) > 1 else r)
     finally:
         # ``ev`` is recursive: its closure holds itself, a cycle that would keep the call's
         # tensors alive until the cyclic collector runs (so a dead input looked held)
