@@ -1,0 +1,78 @@
+"""How fast can a thunder step's first call be in a fresh process (GPU machine)?
+
+Issue 30 asks for a second process, its kernels in the disk cache, to take its first step in
+a quarter of torch.compile's first step. That step is thunder's tracing and transforms,
+which no executor skips: this measures the floor, thunder.jit with only thunder's torch
+executor (nothing compiled, nothing fused), beside thunder + fuser's first step with a cold
+kernel cache and then with a warm one, each in a process of its own, as a user's second
+process would take it. Imports are timed apart (about 10 s on a lent H100 host).
+
+    python scripts/first_call_floor.py --models pythia-410m,hf-Qwen2,Llama-3.2-1B
+
+``--one MODEL MODE`` (internal) takes one first step in this process and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+MODES = ("cold", "warm", "torch executor")
+
+
+def one(name: str, mode: str) -> None:
+    t0 = time.perf_counter()
+    import thunder_fuser  # noqa: F401, I001  (torch compat stubs before thunder)
+    import thunder
+    import torch
+    from benchmarks.contenders import wrap
+    from benchmarks.model_zoo import batch, build
+    from benchmarks.models import _step
+
+    imports = time.perf_counter() - t0
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    built = build(name, 2, tiny=not cuda, device=device, dtype=dtype)
+    idx, targets = batch(built, 2, 1024 if cuda else 16, device=device)
+    if mode == "torch executor":
+        from thunder.executors.torchex import ex as torch_ex
+
+        fn = thunder.jit(built.module, executors=[torch_ex])
+    else:
+        fn = wrap("thunder+fuser", built.module)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    _step(fn, idx, targets)
+    sync()
+    print(f"FIRST {time.perf_counter() - t0:.2f} {imports:.2f}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="pythia-410m,hf-Qwen2,Llama-3.2-1B,gemma-2b,hf-Llama")
+    ap.add_argument("--one", nargs=2, metavar=("MODEL", "MODE"))
+    a = ap.parse_args()
+    if a.one:
+        one(a.one[0], a.one[1])
+        return
+    cache = tempfile.mkdtemp(prefix="fuser_cache_")  # cold for each model's first process
+    print("| model | fuser, cold cache | fuser, warm cache | thunder, torch executor only | imports |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name in a.models.split(","):
+        row, imports = [], []
+        for mode in MODES:
+            p = subprocess.run([sys.executable, __file__, "--one", name, mode], capture_output=True, text=True,
+                               env=dict(os.environ, THUNDER_FUSER_CACHE=cache))
+            line = [x for x in p.stdout.splitlines() if x.startswith("FIRST ")]
+            row.append(line[-1].split()[1] if line else f"failed: {p.stderr[-200:]!r}")
+            imports.append(line[-1].split()[2] if line else "")
+        print(f"| {name} | {' | '.join(row)} | {', '.join(imports)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
