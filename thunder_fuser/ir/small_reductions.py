@@ -11,7 +11,9 @@ Only such reductions are rewritten: with kept dims on both sides of the reduced 
 elsewhere a row or a column kernel takes them (a norm's weight gradient over 8 rows rides
 in the row kernel of its input gradient).
 
-Sums of 16-bit floats add in fp32 and round once at the end, as a reduction does.
+Sums of 16-bit floats add in fp32 and round once at the end, as a reduction does. Reduced
+dims of extent one reduce nothing and are left out of the rule (at batch 1 the expand's
+backward sums over the batch dim too).
 """
 
 from __future__ import annotations
@@ -37,13 +39,18 @@ def small_reductions_as_pointwise(region: Region) -> None:
 def _is_small(n: Node) -> bool:
     if n.op not in _COMBINE or not n.output.shape:
         return False
-    x, dims = n.args[0], set(n.args[1])
+    x = n.args[0]
+    # a reduced dim of extent one reduces nothing (at batch 1 the expand's backward sums over
+    # the batch dim and the repeats): where the reduction lies is where its other dims are
+    dims = {d for d in n.args[1] if x.shape[d] > 1}
     count = math.prod(x.shape[d] for d in dims)
+    if count <= 1:
+        return False
     # kept dims on both sides: no row kernel (reduced innermost) nor column kernel (kept
     # innermost, one run) takes it in the logical layout; elsewhere they do, better
     outer = any(x.shape[d] > 1 for d in range(min(dims)))
     inner = any(x.shape[d] > 1 for d in range(max(dims) + 1, len(x.shape)))
-    return 1 < count <= SMALL_REDUCTION and outer and inner
+    return count <= SMALL_REDUCTION and outer and inner
 
 
 def _unrolled(n: Node) -> list[Node]:
