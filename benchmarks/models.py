@@ -273,14 +273,15 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
     return out
 
 
-def warm_first_call(name: str, layers: int, batch_size: int, seq: int, tiny=False) -> float:
-    """The first step of thunder + fuser in this process, its kernels in the disk cache."""
+def warm_first_call(name: str, layers: int, batch_size: int, seq: int, tiny=False, jit=None) -> float:
+    """The first step of thunder + fuser in this process, its kernels in the disk cache
+    (``jit``: another way to compile the module, ``scripts/first_call_floor.py``'s)."""
     device, dtype = _device_and_dtype(tiny)
     built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
     idx, targets = batch(built, batch_size, seq, device=device)
     _sync()
     t0 = time.perf_counter()
-    _step(wrap("thunder+fuser", built.module), idx, targets)
+    _step((jit or (lambda m: wrap("thunder+fuser", m)))(built.module), idx, targets)
     _sync()
     return round(time.perf_counter() - t0, 2)
 

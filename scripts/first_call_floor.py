@@ -29,27 +29,18 @@ def one(name: str, mode: str) -> None:
     import thunder_fuser  # noqa: F401, I001  (torch compat stubs before thunder)
     import thunder
     import torch
-    from benchmarks.contenders import wrap
-    from benchmarks.model_zoo import batch, build
-    from benchmarks.models import _step
+
+    from benchmarks.models import warm_first_call
 
     imports = time.perf_counter() - t0
-    cuda = torch.cuda.is_available()
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    built = build(name, 2, tiny=not cuda, device=device, dtype=dtype)
-    idx, targets = batch(built, 2, 1024 if cuda else 16, device=device)
+    jit = None
     if mode == "torch executor":
         from thunder.executors.torchex import ex as torch_ex
 
-        fn = thunder.jit(built.module, executors=[torch_ex])
-    else:
-        fn = wrap("thunder+fuser", built.module)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    _step(fn, idx, targets)
-    sync()
-    print(f"FIRST {time.perf_counter() - t0:.2f} {imports:.2f}", flush=True)
+        jit = lambda m: thunder.jit(m, executors=[torch_ex])  # noqa: E731
+    cuda = torch.cuda.is_available()
+    s = warm_first_call(name, 2, 2, 1024 if cuda else 16, tiny=not cuda, jit=jit)
+    print(f"FIRST {s:.2f} {imports:.2f}", flush=True)
 
 
 def main() -> None:
