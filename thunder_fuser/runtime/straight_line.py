@@ -287,7 +287,17 @@ class _Writer:
         if not region.dead_inputs or segment_kernel.FILL_NAN or not donating():
             return {}
         segment_of = {id(n): seg.index for step, _ in self.plan.step_frees for seg in step for n in seg.nodes}
+        # the segments' own nodes, not only the region's: a segment may recompute ops of
+        # another from the same inputs (``t1710_r3``: a norm backward's column sums apart from
+        # its rows, at batch 1), and those copies read the inputs too
         consumers = region.consumers()
+        for step, _ in self.plan.step_frees:
+            for seg in step:
+                for n in seg.nodes:
+                    for v in n.inputs():
+                        uses = consumers.setdefault(id(v), [])
+                        if not any(u is n for u in uses):
+                            uses.append(n)
         outputs = {id(o) for o in region.outputs}
         donors = {}
         for v in region.inputs:
