@@ -1186,6 +1186,24 @@ def test_a_merge_no_stride_walks_iterates_over_the_dims_before_it(torch_kernels)
     compile_planned_kernels_to_ptx(fn, (dv,))
 
 
+def test_a_merge_behind_squeezes_at_batch_one_iterates_over_the_dims_before_it(torch_kernels):
+    """The same value gradient at batch 1, as thunder writes transformers' Llama's backward
+    there: the sum over the repeats also sums the batch dim of one, and the merged gradient
+    drops that dim for the weight gradient's matmul. Its views then wrap the merge in
+    unsqueezes and squeezes; taken as one reshape (``expr._collapsed``), the merge ends the
+    views and the kernel iterates over the dims before it (before: 'reshape of ... needs a
+    copy at these strides', on the reference backend)."""
+    def fn(dv):
+        b, h, s, e = dv.shape
+        summed = dv.reshape(b, 2, h // 2, s, e).sum((0, 2))[None]
+        return (summed * 2).transpose(1, 2).reshape(b, s, 2 * e).reshape(s, 2 * e).mT
+
+    dv = _r(1, 32, 8, 16).transpose(1, 2)  # [1, h, s, e], laid out [1, s, h, e]
+    jfn = check_vs_eager(fn, dv)[0]
+    assert_every_segment_ran_a_kernel_forward(jfn)
+    compile_planned_kernels_to_ptx(fn, (dv,))
+
+
 def test_a_compile_says_so_on_stderr(monkeypatch, capfd):
     """issue 30: a long first call shows what it is doing: each compiled kernel updates a
     status line (``THUNDER_FUSER_PROGRESS=1``: a line each, for logs)."""

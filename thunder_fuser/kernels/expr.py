@@ -219,12 +219,21 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
     return progs
 
 
-def trailing_merge(ld: Load) -> tuple[int, list] | None:
+def trailing_merge(ld: Load) -> tuple[tuple, int, list] | None:
     """Where ``ld``'s views end with a reshape that merges dims, followed by transposes
-    only: that reshape's index among the views, and the dims it merges per dim of its
-    result. None elsewhere."""
-    for i in range(len(ld.views) - 1, -1, -1):
-        node = ld.views[i]
+    only: the views (``ld.views``, else ``_collapsed``'s), that reshape's index among them,
+    and the dims it merges per dim of its result. None elsewhere."""
+    found = _trailing_merge(ld.views)
+    if found is None:
+        collapsed = _collapsed(ld.views)
+        if collapsed != ld.views:
+            found = _trailing_merge(collapsed)
+    return found
+
+
+def _trailing_merge(views: tuple) -> tuple[tuple, int, list] | None:
+    for i in range(len(views) - 1, -1, -1):
+        node = views[i]
         if node.op == "transpose":
             continue
         if node.op != "reshape":
@@ -233,8 +242,41 @@ def trailing_merge(ld: Load) -> tuple[int, list] | None:
         groups = _merge_groups(before, tuple(node.args[1]))
         if groups is None or not any(len([d for d in g if before[d] != 1]) > 1 for g in groups):
             return None
-        return i, groups
+        return views, i, groups
     return None
+
+
+def _only_ones_inserted(node) -> bool:
+    """A ``broadcast_in_dim`` that only inserts dims of one (an ``unsqueeze``)."""
+    before, shape, bdims = tuple(node.args[0].shape), tuple(node.args[1]), tuple(node.args[2])
+    return (list(bdims) == sorted(bdims) and all(shape[b] == before[k] for k, b in enumerate(bdims))
+            and all(shape[j] == 1 for j in range(len(shape)) if j not in bdims))
+
+
+def _collapsed(views: tuple) -> tuple:
+    """``views`` with each run of reshapes, and of broadcasts that only insert dims of one,
+    as one reshape of the run's first input to its last output. At batch 1 thunder writes
+    the grouped-query expand's backward as a sum over two dims of one, and its
+    ``small_reductions`` rewrite reads the value gradient through ``reshape``, an unsqueeze,
+    a squeeze, another unsqueeze, a transpose, then two reshapes: the merge no stride walks
+    is the first of the last two (``[1, s, g, e] -> [1, s, g * e]``), and the second only
+    drops the batch dim of one. As one reshape, the merge ends the views
+    (``trailing_merge``), as it does at batch 2."""
+    out: list = []
+    for node in views:
+        if node.op == "reshape" or (node.op == "broadcast_in_dim" and _only_ones_inserted(node)):
+            if out and out[-1].op == "reshape":
+                first = out[-1].args[0]
+            else:
+                first = node.args[0]
+            shape = tuple(node.outputs[0].shape)
+            if out and out[-1].op == "reshape":
+                out.pop()
+            if tuple(first.shape) != shape:
+                out.append(Node("reshape", (first, shape), {}, node.outputs))
+            continue
+        out.append(node)
+    return tuple(out)
 
 
 def _merges_a_broadcast(ld: Load) -> bool:
@@ -245,9 +287,9 @@ def _merges_a_broadcast(ld: Load) -> bool:
     found = trailing_merge(ld)
     if found is None:
         return False
-    i, groups = found
+    views, i, groups = found
     expanded: set = set()
-    for node in ld.views[:i]:
+    for node in views[:i]:
         if node.op == "broadcast_in_dim":
             before, shape, bdims = node.args[0].shape, node.args[1], node.args[2]
             kept = {b for k, b in enumerate(bdims) if before[k] != 1 and k not in expanded}
@@ -256,7 +298,7 @@ def _merges_a_broadcast(ld: Load) -> bool:
             expanded = {j for j, p in enumerate(node.args[1]) if p in expanded}
         else:
             expanded = set()
-    before = tuple(ld.views[i].args[0].shape)
+    before = tuple(views[i].args[0].shape)
     return any(len([d for d in g if before[d] != 1]) > 1 and expanded & set(g) for g in groups)
 
 
@@ -291,16 +333,16 @@ def unmerged(prog: Program, loads: list) -> Program | None:
         return None
     table, domains = {}, set()
     for ld in loads:
-        i, groups = trailing_merge(ld)
-        merge = ld.views[i]
+        all_views, i, groups = trailing_merge(ld)
+        merge = all_views[i]
         perm = list(range(len(groups)))
-        for node in ld.views[i + 1:]:
+        for node in all_views[i + 1:]:
             perm = [perm[p] for p in node.args[1]]
         # the domain's dims, each split into the dims its reshape dim merged
         order = [d for p in perm for d in groups[p]]
         before = tuple(merge.args[0].shape)
         domain = tuple(before[d] for d in order)
-        views = ld.views[:i]
+        views = all_views[:i]
         if order != sorted(order):
             out = Value(f"{ld.source.name}_unmerged", domain, ld.source.dtype)
             views += (Node("transpose", (merge.args[0], tuple(order)), {}, (out,)),)
