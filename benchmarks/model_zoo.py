@@ -6,7 +6,8 @@ Every model here is somebody else's code: litgpt's Llama-3.2-1B (grouped-query a
 RoPE, its 128256 vocabulary), pythia-410m (GPT-NeoX: parallel residual, partial rotary,
 LayerNorm with bias), gemma-2b (an embedding scale, GELU-gated MLP, 256000 vocabulary), and
 transformers' Llama and Qwen2 (transformers 4.52.4, without its KV cache: the newest that
-thunder 0.2.6 traces, ``tests/test_hf_models.py``). ``layers`` cuts the depth so one H100 holds every contender;
+thunder 0.2.6 traces, ``tests/test_hf_models.py``). ``MORE`` (litgpt's phi-2, transformers'
+GPT-2) the tests step too. ``layers`` cuts the depth so one H100 holds every contender;
 ``tiny`` cuts every size, for the CPU tests.
 """
 
@@ -19,12 +20,18 @@ import torch.nn.functional as F
 
 LITGPT = ("Llama-3.2-1B", "pythia-410m", "gemma-2b")
 HF = ("hf-Llama", "hf-Qwen2")
-MODELS = LITGPT + HF
+MODELS = LITGPT + HF  # the benchmark's
+# the block shapes issue 30 also names, stepped by the tests (not yet benchmarked): litgpt's
+# phi-2 (a parallel block with partial rotary, LayerNorm with bias, tanh GELU) and
+# transformers' GPT-2 (learned positions, Conv1D projections, tanh GELU, a tied head)
+MORE_LITGPT = ("phi-2",)
+MORE_HF = ("hf-GPT2",)
+MORE = MORE_LITGPT + MORE_HF
 
 # tiny sizes for the CPU (every name's structure, a few thousand parameters)
 TINY_LITGPT = dict(n_embd=64, n_head=4, intermediate_size=128, padded_vocab_size=512, vocab_size=500, block_size=64,
                    head_size=16)
-TINY_GROUPS = {"Llama-3.2-1B": 2, "pythia-410m": 4, "gemma-2b": 2}
+TINY_GROUPS = {"Llama-3.2-1B": 2, "pythia-410m": 4, "gemma-2b": 2, "phi-2": 4}
 TINY_HF = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                max_position_embeddings=128)
 # Hugging Face models at Llama-3.2-1B's and Qwen2-0.5B's sizes
@@ -33,7 +40,12 @@ HF_SIZES = {
                      num_key_value_heads=8, max_position_embeddings=4096, rope_theta=500000.0, tie_word_embeddings=True),
     "hf-Qwen2": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
                      num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True),
+    "hf-GPT2": dict(vocab_size=50304, hidden_size=768, num_attention_heads=12, max_position_embeddings=1024),
 }
+# GPT-2 without dropout (litgpt's models have none: steps compare with eager's), its MLP's
+# width its own default (4x), keys its config maps (``n_embd``, ``n_head``, ``n_positions``)
+TINY_GPT2 = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, max_position_embeddings=128)
+NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
 class LitGPTWithLoss(torch.nn.Module):
@@ -69,7 +81,7 @@ class Built:
 
 def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=torch.float32, seed: int = 0) -> Built:
     torch.manual_seed(seed)
-    if name in LITGPT:
+    if name in LITGPT + MORE_LITGPT:
         import litgpt
 
         extra = dict(TINY_LITGPT, n_query_groups=TINY_GROUPS[name]) if tiny else {}
@@ -80,7 +92,7 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
                       vocab=cfg.padded_vocab_size, rotary_percentage=cfg.rotary_percentage,
                       parallel_residual=cfg.parallel_residual)
         vocab = cfg.vocab_size
-    elif name in HF:
+    elif name in HF + MORE_HF:
         import transformers
 
         model, sizes = hf_causal_lm(name, layers, tiny, use_cache=False)
@@ -88,7 +100,7 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
         config = dict(source=f"transformers {transformers.__version__}", num_hidden_layers=layers, **sizes)
         vocab = sizes["vocab_size"]
     else:
-        raise ValueError(f"unknown model {name!r}; one of {MODELS}")
+        raise ValueError(f"unknown model {name!r}; one of {MODELS + MORE}")
     return Built(name, module.to(device=device, dtype=dtype), config, vocab)
 
 
@@ -97,8 +109,13 @@ def hf_causal_lm(name: str, layers: int, tiny: bool, **options):
     the training benchmark's and the decode benchmark's, ``options`` their config's own."""
     import transformers
 
-    sizes = TINY_HF if tiny else HF_SIZES[name]
     kind = name.split("-", 1)[1]
+    if kind == "GPT2":
+        sizes = TINY_GPT2 if tiny else HF_SIZES[name]
+        cfg = transformers.GPT2Config(num_hidden_layers=layers, attn_implementation="sdpa", **NO_DROPOUT, **options,
+                                      **sizes)
+        return transformers.GPT2LMHeadModel(cfg), sizes
+    sizes = TINY_HF if tiny else HF_SIZES[name]
     cfg = getattr(transformers, f"{kind}Config")(num_hidden_layers=layers, attn_implementation="sdpa", **options,
                                                  **sizes)
     return getattr(transformers, f"{kind}ForCausalLM")(cfg), sizes

@@ -1,6 +1,7 @@
-"""Real client code: litgpt's ``GPT`` (Llama-3.2, Pythia, Gemma configs) and transformers'
-Llama and Qwen2, cut to tiny sizes (``benchmarks/model_zoo.py``), one training step (forward,
-the loss, backward) through fuser_ex against eager, with no segment on the reference backend.
+"""Real client code: litgpt's ``GPT`` (Llama-3.2, Pythia, Gemma and Phi-2 configs) and
+transformers' Llama, Qwen2 and GPT-2, cut to tiny sizes (``benchmarks/model_zoo.py``), one
+training step (forward, the loss, backward) through fuser_ex against eager, with no segment
+on the reference backend.
 
 Two ways in: ``fuser_ex`` alone (thunder decomposes attention into matmuls and a softmax we
 fuse) and ``thunder_fuser.executors()`` (attention runs beside our regions and hands them
@@ -18,7 +19,7 @@ import thunder
 import torch
 
 import thunder_fuser
-from benchmarks.model_zoo import LITGPT, MODELS, batch, build
+from benchmarks.model_zoo import LITGPT, MODELS, MORE, MORE_LITGPT, batch, build
 from helpers import plans
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels.backend import KernelFallbackWarning
@@ -27,6 +28,10 @@ pytest.importorskip("litgpt")
 pytest.importorskip("transformers")
 
 EXECUTORS = {"attention decomposed": lambda: [fuser_ex], "attention_ex": thunder_fuser.executors}
+# transformers' GPT-2 in bf16 at batch 2: one segment a step on the reference backend
+GPT2_POSITIONS = ("the position embedding's gradient, a sum over the batch dim in a segment of its own, reads a "
+                  "per-row statistic broadcast along the hidden dim: the column kernel takes one contiguous run of "
+                  "kept dims (H100 and CPU: 'the kept dims of a column reduction are not one contiguous run')")
 
 
 def _models(name: str, device: str, dtype: torch.dtype):
@@ -65,7 +70,7 @@ def _step_matches_eager(name: str, device: str, dtype: torch.dtype, executors, t
 
 
 @pytest.mark.parametrize("way", list(EXECUTORS))
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + MORE)
 def test_training_step_matches_eager_with_no_fallback(name, way, torch_kernels):
     """issue 30: a step's loss and gradients as eager's, and no segment on the reference
     backend (RoPE's cat read through the grouped-query expand, the expand itself and its
@@ -75,7 +80,7 @@ def test_training_step_matches_eager_with_no_fallback(name, way, torch_kernels):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + MORE)
 def test_a_batch_of_one_runs_on_kernels_too(name, dtype, torch_kernels):
     """At batch 1 the grouped-query expand's backward sums over the batch dim (of one) and
     the repeats; ``small_reductions`` leaves the dim of one out and adds the repeats as
@@ -140,16 +145,26 @@ def test_thunder_cannot_trace_a_transformers_model_with_its_kv_cache():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("batch_size", [2, 1])
-@pytest.mark.parametrize("name", MODELS)
-def test_training_step_on_kernels(name, batch_size):
+@pytest.mark.parametrize("name", MODELS + MORE)
+def test_training_step_on_kernels(name, batch_size, request):
     """bf16 on generated kernels beside attention_ex (cuDNN's attention): eager's loss and
     gradients, no segment on the reference backend, no kernel warning; at batch 1 too."""
+    if name == "hf-GPT2" and batch_size == 2:
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=GPT2_POSITIONS))
     assert _step_matches_eager(name, "cuda", torch.bfloat16, thunder_fuser.executors(), 3e-2,
                                batch_size=batch_size) == []
+
+
+@pytest.mark.xfail(strict=True, reason=GPT2_POSITIONS)
+def test_gpt2s_position_gradient_in_bf16_runs_on_kernels(torch_kernels):
+    """transformers' GPT-2 in bf16 at batch 2: the learned positions' gradient sums the first
+    norm's input gradient over the batch; that segment recomputes the norm backward and its
+    kept dims ``[s, h]`` are two runs for the row statistics ``[b, s, 1]``."""
+    assert _step_matches_eager("hf-GPT2", "cpu", torch.bfloat16, thunder_fuser.executors(), 3e-2) == []
 
 
 def test_every_litgpt_name_is_a_litgpt_config():
     import litgpt
 
-    for name in LITGPT:
+    for name in LITGPT + MORE_LITGPT:
         litgpt.Config.from_name(name)
