@@ -28,10 +28,6 @@ pytest.importorskip("litgpt")
 pytest.importorskip("transformers")
 
 EXECUTORS = {"attention decomposed": lambda: [fuser_ex], "attention_ex": thunder_fuser.executors}
-# transformers' GPT-2 in bf16 at batch 2: one segment a step on the reference backend
-GPT2_POSITIONS = ("the position embedding's gradient, a sum over the batch dim in a segment of its own, reads a "
-                  "per-row statistic broadcast along the hidden dim: the column kernel takes one contiguous run of "
-                  "kept dims (H100 and CPU: 'the kept dims of a column reduction are not one contiguous run')")
 
 
 def _models(name: str, device: str, dtype: torch.dtype):
@@ -146,20 +142,22 @@ def test_thunder_cannot_trace_a_transformers_model_with_its_kv_cache():
 @pytest.mark.cuda
 @pytest.mark.parametrize("batch_size", [2, 1])
 @pytest.mark.parametrize("name", MODELS + MORE)
-def test_training_step_on_kernels(name, batch_size, request):
+def test_training_step_on_kernels(name, batch_size):
     """bf16 on generated kernels beside attention_ex (cuDNN's attention): eager's loss and
     gradients, no segment on the reference backend, no kernel warning; at batch 1 too."""
-    if name == "hf-GPT2" and batch_size == 2:
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=GPT2_POSITIONS))
     assert _step_matches_eager(name, "cuda", torch.bfloat16, thunder_fuser.executors(), 3e-2,
                                batch_size=batch_size) == []
 
 
-@pytest.mark.xfail(strict=True, reason=GPT2_POSITIONS)
 def test_gpt2s_position_gradient_in_bf16_runs_on_kernels(torch_kernels):
     """transformers' GPT-2 in bf16 at batch 2: the learned positions' gradient sums the first
-    norm's input gradient over the batch; that segment recomputes the norm backward and its
-    kept dims ``[s, h]`` are two runs for the row statistics ``[b, s, 1]``."""
+    norm's input gradient over the batch. That sum's segment recomputed the norm backward
+    from the region's inputs, reading the per-row statistics broadcast over both of its kept
+    dims ``[s, h]``, which the column kernel refuses ('the kept dims of a column reduction
+    are not one contiguous run', also on the H100). It now reads the input gradient the
+    norm returns: the region's second bf16 rounding of it is the first
+    (``ir/same_values.py``), and a recomputed cone stops at a region output
+    (``segment/recompute.py``)."""
     assert _step_matches_eager("hf-GPT2", "cpu", torch.bfloat16, thunder_fuser.executors(), 3e-2) == []
 
 

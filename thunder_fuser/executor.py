@@ -40,7 +40,7 @@ from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
 from thunder_fuser.ir.ops import SUPPORTED
 from thunder_fuser.ir.reshape_first import reshape_first
-from thunder_fuser.ir.same_views import same_views
+from thunder_fuser.ir.same_values import same_values
 from thunder_fuser.ir.scalar_broadcasts import read_scalars_unbroadcast
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
 from thunder_fuser.kernels import compile_workers
@@ -144,7 +144,7 @@ class FuserExecutor(FusionExecutor):
         ir.dead_inputs = self._dead_inputs.get(tuple(o.name for o in outputs), frozenset())
         debug.dump("region", lambda: "\n".join([name] + [op_line(n) for n in ir.nodes]))
         functionalize(ir)
-        same_views(ir)
+        same_values(ir)
         read_scalars_unbroadcast(ir)
         cat_before_reshape(ir)
         small_reductions_as_pointwise(ir)

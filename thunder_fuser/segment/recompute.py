@@ -15,8 +15,11 @@ segment already returns and the full-size ones the reduction does not read alrea
 fewer bytes than the input (the fp32 layernorm: x alone, against x_hat * grad); a cone that
 starts from a full-size value its own segment computes (one that would then have to be
 stored) stays where it is. The producer then stores the input only if something else
-reads it. Regions that write in place are left alone: recomputing later would read
-after the write.
+reads it. A cone stops at a region output (stored anyway): walking on to the region's
+inputs read GPT-2's position gradient, a sum over the batch, through the norm's per-row
+statistics broadcast over both of its kept dims, which no column kernel takes, where the
+norm's input gradient it returns is one dense read. Regions that write in place are left
+alone: recomputing later would read after the write.
 """
 
 from __future__ import annotations
@@ -107,7 +110,8 @@ def _cone(v: Value, reading: set, owner, producer: dict, seg_of: dict, readers: 
     while stack:
         x = stack.pop()
         n = producer.get(id(x))
-        if n is None or seg_of.get(id(x)) is not owner or not cheap(n) or _merges_permuted(n, producer):
+        stored = x is not v and -1 in readers.get(id(x), ())  # a region output: its segment stores it anyway
+        if n is None or stored or seg_of.get(id(x)) is not owner or not cheap(n) or _merges_permuted(n, producer):
             leaves[id(x)] = x
             continue
         if id(n) in nodes:

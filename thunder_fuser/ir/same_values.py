@@ -1,0 +1,88 @@
+"""One value where a region takes the same view, or the same conversion, of a value twice.
+
+A linear's backward reshapes the output gradient twice, once for each matmul: ``g.reshape(-1,
+n)`` for the input gradient and ``g.reshape(-1, n).t()`` for the weight gradient. Where both
+land in one region (``hoist_externs.hoist_views`` moves the weight gradient's operands into
+the region before the input gradient's matmul), the second reshape would be an operand a
+kernel reads through when the first is already an output torch makes after the kernel: the
+QKV gradient's cat, reshaped then transposed, has no kernel template, and the segment ran
+on the reference backend. Views are pure functions of their operand's memory, so the second
+is the first: its readers read the first one, and the view of it is made from an output.
+
+A bf16 step converts the same value twice as well: a norm backward's input gradient is
+rounded to bf16 once as the region's output and once more for the residual add and the
+reductions after it (transformers' GPT-2, every model's final norm). Each copy was a store
+of its own, and a reduction that recomputed the second from the region's inputs read the
+norm's per-row statistics broadcast over its kept dims, which the column kernel refuses
+(GPT-2's position gradient: a segment on the reference backend). A conversion is a pure
+function of its operand's value, so in a region that writes nothing in place the second is
+the first too (where a region writes, the same operand may hold another value later).
+"""
+
+from __future__ import annotations
+
+from thunder_fuser.ir.ops import CAST, METADATA
+from thunder_fuser.ir.region import Node, Region, Value, map_values
+
+
+def _key(node: Node):
+    def k(x):
+        if isinstance(x, Value):
+            return ("v", id(x))
+        if isinstance(x, (tuple, list)):
+            return tuple(k(e) for e in x)
+        return x
+
+    try:
+        key = (node.op, k(node.args), tuple(sorted((n, k(v)) for n, v in node.kwargs.items())))
+        hash(key)
+    except TypeError:  # an argument that is not hashable: the node stays
+        return None
+    return key
+
+
+def same_values(region: Region) -> None:
+    """Rewrite ``region`` in place: each later duplicate of a view node, or of a conversion
+    where the region writes nothing in place, is dropped, its readers reading the first. A
+    region output keeps its value (its name keys what the trace knows of it: the matmuls
+    that read it, whether it may be copied): where the duplicate is the output, the first
+    node makes that value instead. Two conversions that are both outputs stay two tensors."""
+    ops = METADATA if region.writes() else METADATA + CAST
+    outputs = {id(v) for v in region.outputs}
+    first: dict = {}  # key -> the node kept for it
+    subst: dict[int, Value] = {}
+
+    def swap(v):
+        while id(v) in subst:
+            v = subst[id(v)]
+        return v
+
+    kept: list[Node] = []
+    for node in region.nodes:
+        if subst:
+            node.args = map_values(node.args, swap)
+            node.kwargs = {n: map_values(v, swap) for n, v in node.kwargs.items()}
+        key = _key(node) if node.op in ops and len(node.outputs) == 1 else None
+        kept_node = first.get(key) if key is not None else None
+        if kept_node is None:
+            if key is not None:
+                first[key] = node
+            kept.append(node)
+            continue
+        mine, theirs = node.output, kept_node.output
+        if id(mine) in outputs and id(theirs) in outputs:
+            if node.op in CAST:  # two tensors the caller holds apart
+                kept.append(node)
+                continue
+            subst[id(mine)] = theirs
+        elif id(mine) in outputs:  # the output's value, made where the first was
+            kept_node.outputs = (mine,)
+            subst[id(theirs)] = mine
+        else:
+            subst[id(mine)] = theirs
+    if subst:
+        for node in kept:  # readers before a value became an output's
+            node.args = map_values(node.args, swap)
+            node.kwargs = {n: map_values(v, swap) for n, v in node.kwargs.items()}
+        region.nodes = kept
+        region.outputs = [swap(v) for v in region.outputs]
