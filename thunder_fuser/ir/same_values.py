@@ -58,6 +58,7 @@ def same_values(region: Region) -> None:
         return v
 
     kept: list[Node] = []
+    renamed = False  # a kept node now makes an output's value: its earlier readers read the old one
     for node in region.nodes:
         if subst:
             node.args = map_values(node.args, swap)
@@ -78,11 +79,13 @@ def same_values(region: Region) -> None:
         elif id(mine) in outputs:  # the output's value, made where the first was
             kept_node.outputs = (mine,)
             subst[id(theirs)] = mine
+            renamed = True
         else:
             subst[id(mine)] = theirs
-    if subst:
+    if renamed:
         for node in kept:  # readers before a value became an output's
             node.args = map_values(node.args, swap)
             node.kwargs = {n: map_values(v, swap) for n, v in node.kwargs.items()}
+    if subst:
         region.nodes = kept
         region.outputs = [swap(v) for v in region.outputs]

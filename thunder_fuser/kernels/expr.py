@@ -224,10 +224,8 @@ def trailing_merge(ld: Load) -> tuple[tuple, int, list] | None:
     only: the views (``ld.views``, else ``_collapsed``'s), that reshape's index among them,
     and the dims it merges per dim of its result. None elsewhere."""
     found = _trailing_merge(ld.views)
-    if found is None:
-        collapsed = _collapsed(ld.views)
-        if collapsed != ld.views:
-            found = _trailing_merge(collapsed)
+    if found is None and _collapsible(ld.views):
+        found = _trailing_merge(_collapsed(ld.views))
     return found
 
 
@@ -253,6 +251,15 @@ def _only_ones_inserted(node) -> bool:
             and all(shape[j] == 1 for j in range(len(shape)) if j not in bdims))
 
 
+def _squeezing(node) -> bool:
+    return node.op == "reshape" or (node.op == "broadcast_in_dim" and _only_ones_inserted(node))
+
+
+def _collapsible(views: tuple) -> bool:
+    """Do two neighbours of ``views`` make a run ``_collapsed`` takes as one reshape?"""
+    return any(_squeezing(a) and _squeezing(b) for a, b in zip(views, views[1:]))
+
+
 def _collapsed(views: tuple) -> tuple:
     """``views`` with each run of reshapes, and of broadcasts that only insert dims of one,
     as one reshape of the run's first input to its last output. At batch 1 thunder writes
@@ -264,18 +271,12 @@ def _collapsed(views: tuple) -> tuple:
     (``trailing_merge``), as it does at batch 2."""
     out: list = []
     for node in views:
-        if node.op == "reshape" or (node.op == "broadcast_in_dim" and _only_ones_inserted(node)):
-            if out and out[-1].op == "reshape":
-                first = out[-1].args[0]
-            else:
-                first = node.args[0]
-            shape = tuple(node.outputs[0].shape)
-            if out and out[-1].op == "reshape":
-                out.pop()
-            if tuple(first.shape) != shape:
-                out.append(Node("reshape", (first, shape), {}, node.outputs))
+        if not _squeezing(node):
+            out.append(node)
             continue
-        out.append(node)
+        first = out.pop().args[0] if out and out[-1].op == "reshape" else node.args[0]  # the run's input
+        if tuple(first.shape) != tuple(node.output.shape):
+            out.append(Node("reshape", (first, tuple(node.output.shape)), {}, node.outputs))
     return tuple(out)
 
 

@@ -291,13 +291,11 @@ class _Writer:
         # another from the same inputs (``t1710_r3``: a norm backward's column sums apart from
         # its rows, at batch 1), and those copies read the inputs too
         consumers = region.consumers()
+        own = {id(n) for n in region.nodes}
         for step, _ in self.plan.step_frees:
-            for seg in step:
-                for n in seg.nodes:
-                    for v in n.inputs():
-                        uses = consumers.setdefault(id(v), [])
-                        if not any(u is n for u in uses):
-                            uses.append(n)
+            for n in (n for seg in step for n in seg.nodes if id(n) not in own):
+                for v in n.inputs():
+                    consumers.setdefault(id(v), []).append(n)
         outputs = {id(o) for o in region.outputs}
         donors = {}
         for v in region.inputs:
