@@ -63,6 +63,22 @@ def test_workers_compile_the_queued_kernels_and_the_caller_loads_them_from_disk(
     assert segment_kernel.compile_program(parts[0].prog, parts[0].geo, None, defer=True) is fns[0]
 
 
+def test_a_worker_compiles_a_kernel_that_is_no_segments_and_the_caller_loads_it(workers):
+    """The loss gradient's scaling (``scale_unless_one``), queued as a function and its arguments."""
+    from thunder_fuser.kernels import scale_unless_one as scaling
+
+    args = (torch.bfloat16, torch.float32, 8, "sm_90a")
+    digest = cache.key_digest(scaling._cache_key(*args))
+    call = (scaling.__name__, "compile_into", args)
+    assert compile_workers.submit_call(digest, call, "sm_90a")
+    compile_workers.wait(digest)
+    before = dict(cache.stats)
+    assert scaling.compile_into(*args) is not None
+    assert cache.stats["compiled"] == before["compiled"]  # none compiled here
+    assert cache.stats["loaded"] == before["loaded"] + 1
+    assert not compile_workers.submit_call(digest, call, "sm_90a")  # in memory now: nothing to queue
+
+
 def test_a_worker_imports_the_kernels_without_thunder():
     """A worker's imports are on the first kernel's path: thunder's (8 s on the H100's host)
     are not among them."""

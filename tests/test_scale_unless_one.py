@@ -3,11 +3,14 @@ backward scales the gradient its forward wrote, in place, unless the cotangent i
 which the kernel checks on the device (no host sync)."""
 
 import re
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
+from thunder_fuser.kernels import compile_workers
+from thunder_fuser.kernels import scale_unless_one as scaling
 from thunder_fuser.kernels.scale_unless_one import build, scale_unless_one_
 
 
@@ -25,6 +28,32 @@ def test_a_cotangent_of_the_losss_dtype_and_no_dims():
     expected = (x.float() * 0.5).to(torch.bfloat16)
     scale_unless_one_(x, torch.tensor(0.5, dtype=torch.bfloat16), use_kernel=False)
     torch.testing.assert_close(x, expected, atol=0, rtol=0)
+
+
+def test_while_a_worker_compiles_the_kernel_torch_scales_then_the_kernel_launches(monkeypatch):
+    """A cold first step queues the kernel (whole vectors and the ragged tail) for a compile
+    worker rather than compiling it in the training process, and multiplies with torch, as
+    the kernel would (one rounding); the next call waits for the worker and launches."""
+    queued, launched = [], []
+    monkeypatch.setattr(compile_workers, "submit_call", lambda digest, call, arch: queued.append(call[2]) or True)
+    monkeypatch.setattr(compile_workers, "wait", lambda digest: None)
+
+    def kernel_stand_in(dtype, gdtype, v, arch, directory=None):
+        return lambda xv, g, blocks: launched.append(v) or xv.mul_(g)
+
+    monkeypatch.setattr(scaling, "compile_into", kernel_stand_in)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=2))
+    monkeypatch.setattr(scaling, "_launchers", {})
+    monkeypatch.setattr(scaling, "_queued", set())
+    g = torch.tensor([0.5], dtype=torch.bfloat16)
+    for call in range(2):
+        x = torch.randn(8 * 512 + 3, dtype=torch.bfloat16)
+        expected = (x.float() * 0.5).to(torch.bfloat16)
+        assert scale_unless_one_(x, g, use_kernel=True) is x
+        torch.testing.assert_close(x, expected, atol=0, rtol=0)
+        if call == 0:
+            assert [v for _, _, v, _ in queued] == [8, 1] and launched == []
+    assert len(queued) == 2 and launched == [8, 1]
 
 
 @pytest.mark.parametrize("dtype,v,gdtype", [(torch.bfloat16, 8, torch.bfloat16), (torch.bfloat16, 8, torch.float32),

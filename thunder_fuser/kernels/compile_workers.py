@@ -17,7 +17,9 @@ worker hit, so the failure reaches the usual fallback and its warning.
 
 Workers are ``python -c`` subprocesses (``COMMAND``) that serve ``_serve``, not a
 ``multiprocessing`` pool: a spawned pool re-runs the user's main script in every worker.
-A job travels as a pickle of the kernel's programs and geometries, framed by its length.
+A job travels as a pickle of the kernel's programs and geometries (or, for a kernel that is
+no segment's, the loss gradient's scaling, the function that compiles it and its arguments),
+framed by its length.
 ``THUNDER_FUSER_COMPILE_WORKERS=N`` sets how many (default: up to 8, two CPU cores kept
 for the process that trains; ``0`` compiles in the calling process, at the first call, as
 before). They start with ``thunder_fuser.executors()`` on a CUDA machine, else when the fusion
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import pickle
 import queue
@@ -89,10 +92,26 @@ def submit(digest: str, members: list, arch: str) -> bool:
     portable = _portable(members)
     if portable is None:
         return False
+    return _queue(digest, ("members", portable), arch)
+
+
+def submit_call(digest: str, call: tuple, arch: str) -> bool:
+    """Queue a kernel that is no segment's (the loss gradient's scaling,
+    ``scale_unless_one.py``): ``call`` is ``(module, function, args)``, which the worker calls
+    as ``function(*args, directory=...)`` to compile the kernel of key ``digest`` into the disk
+    cache. False where there is nothing to wait for (as ``submit``)."""
+    if digest in _pending:
+        return True
+    if not _available() or cache.cached(digest):
+        return False
+    return _queue(digest, ("call", call), arch)
+
+
+def _queue(digest: str, job: tuple, arch: str) -> bool:
     start(arch)
     fut: Future = Future()
     _pending[digest] = fut
-    _jobs.put((pickle.dumps((digest, portable, arch, str(cache.cache_dir()))), fut))
+    _jobs.put((pickle.dumps((digest, job, arch, str(cache.cache_dir()))), fut))
     cache.stats["queued"] += 1
     progress.report(cache.stats, f"queued for {count()} worker processes")
     return True
@@ -275,13 +294,17 @@ def _serve(arch: str) -> None:
 
     while True:
         try:
-            digest, portable, arch, directory = pickle.loads(_read(sys.stdin.buffer))
+            digest, (kind, job), arch, directory = pickle.loads(_read(sys.stdin.buffer))
         except EOFError:
             return
         os.environ["CUTE_DSL_ARCH"] = arch
         error = None
         try:
-            segment_kernel.compile_members(_rebuilt(portable), None, directory=directory)
+            if kind == "members":
+                segment_kernel.compile_members(_rebuilt(job), None, directory=directory)
+            else:  # ``submit_call``
+                module, function, args = job
+                getattr(importlib.import_module(module), function)(*args, directory=directory)
         except Exception as e:  # noqa: BLE001 - reported; the caller compiles it again and raises
             error = f"{type(e).__name__}: {e}"[:500]
         cache.clear_memory()
