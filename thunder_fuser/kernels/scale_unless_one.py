@@ -72,8 +72,8 @@ def compile_into(dtype: torch.dtype, gdtype: torch.dtype, v: int, arch: str, dir
 
 def _launcher(dtype: torch.dtype, gdtype: torch.dtype, v: int, device) -> tuple | None:
     """(launch function, blocks), or None the first time where a compile worker takes the
-    kernel (``compile_workers.submit_call``). Compiled here, it was the only kernel a cold
-    first step compiled in the training process, and so that process's first CuTe DSL
+    kernel (``compile_workers.submit_call``). Compiled here, it was the only kernel pythia's
+    cold first step compiled in the training process, and so that process's first CuTe DSL
     compile, start-up included: pythia's cold first step took 9.04 and 8.21 s with it, 5.89
     and 6.58 s without (fresh processes taking turns, one H100 host)."""
     key = (dtype, gdtype, v, device)
