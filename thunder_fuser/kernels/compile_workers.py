@@ -83,16 +83,13 @@ def _available() -> bool:
 
 def submit(digest: str, members: list, arch: str) -> bool:
     """Queue the kernel of key ``digest`` (its programs and geometries, ``members``) for a
-    worker; False where there is nothing to wait for: it is in memory or on disk, or
-    workers are off."""
-    if digest in _pending:
-        return True
-    if not _available() or cache.cached(digest):
-        return False
-    portable = _portable(members)
-    if portable is None:
-        return False
-    return _queue(digest, ("members", portable), arch)
+    worker; False where there is nothing to wait for: it is in memory or on disk, workers
+    are off, or the members cannot travel."""
+    def job():
+        portable = _portable(members)
+        return None if portable is None else ("members", portable)
+
+    return _queue(digest, arch, job)
 
 
 def submit_call(digest: str, call: tuple, arch: str) -> bool:
@@ -100,18 +97,23 @@ def submit_call(digest: str, call: tuple, arch: str) -> bool:
     ``scale_unless_one.py``): ``call`` is ``(module, function, args)``, which the worker calls
     as ``function(*args, directory=...)`` to compile the kernel of key ``digest`` into the disk
     cache. False where there is nothing to wait for (as ``submit``)."""
+    return _queue(digest, arch, lambda: ("call", call))
+
+
+def _queue(digest: str, arch: str, job) -> bool:
+    """The queueing both submits share; ``job()`` makes what travels (None: it cannot), only
+    once the kernel is known to be neither queued, in memory nor on disk."""
     if digest in _pending:
         return True
     if not _available() or cache.cached(digest):
         return False
-    return _queue(digest, ("call", call), arch)
-
-
-def _queue(digest: str, job: tuple, arch: str) -> bool:
+    payload = job()
+    if payload is None:
+        return False
     start(arch)
     fut: Future = Future()
     _pending[digest] = fut
-    _jobs.put((pickle.dumps((digest, job, arch, str(cache.cache_dir()))), fut))
+    _jobs.put((pickle.dumps((digest, payload, arch, str(cache.cache_dir()))), fut))
     cache.stats["queued"] += 1
     progress.report(cache.stats, f"queued for {count()} worker processes")
     return True
