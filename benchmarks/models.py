@@ -17,8 +17,8 @@ first step runs on the reference backend while worker processes compile its kern
 (``kernels/compile_workers.py``), and the second waits for those still compiling.
 
 Step time is timed last, with every contender of the model alive: ``ROUNDS`` turns over
-the contenders, each turn ``--steps / ROUNDS`` steps between CUDA events, and the median of
-a contender's steps. A lent host's speed drifts by tens of percent within a minute (one
+the contenders, each turn ``TURN_WARMUP`` untimed steps then ``--steps / ROUNDS`` steps
+between CUDA events, and the median of a contender's steps. A lent host's speed drifts by tens of percent within a minute (one
 H100 host, pythia's step, consecutive 30-step medians: thunder + fuser 4.73 then 3.57 ms,
 torch.compile 3.13 then 3.71), and a host-bound step follows it; timed one contender after
 the other, a ratio was the drift's. Interleaved, each contender meets the same host.
@@ -221,15 +221,23 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
     return res
 
 
+# untimed steps that begin each contender's turn: the contender before it left the caching
+# allocator's free blocks elsewhere, and a training loop of one model settles in a step or
+# two (thunder + fuser's regions capture a CUDA graph at their key's second sighting,
+# ``runtime/region_graphs.py``); the same for every contender
+TURN_WARMUP = 2
+
+
 def time_interleaved(timers: list, steps: int, batch_size: int, seq: int, rounds: int = ROUNDS) -> None:
     """Each contender's ``step_ms``: the median of its ``steps`` steps, taken in ``rounds``
-    turns over all of them (``timers``: ``(result, time_steps)`` pairs)."""
+    turns over all of them (``timers``: ``(result, time_steps)`` pairs), each turn after
+    ``TURN_WARMUP`` untimed steps."""
     times: list[list[float]] = [[] for _ in timers]
     per_turn = max(1, -(-steps // rounds))
     for _ in range(rounds):
         for (res, time_steps), ts in zip(timers, times):
             try:
-                ts.extend(time_steps(per_turn))
+                ts.extend(time_steps(TURN_WARMUP + per_turn)[TURN_WARMUP:])
             except Exception as e:  # noqa: BLE001 - reported, the others timed on
                 res["error"] = res["error"] or f"{type(e).__name__}: {str(e)[:400]}"
     for (res, _), ts in zip(timers, times):

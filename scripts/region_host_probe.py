@@ -16,6 +16,7 @@ Session 38, H100 hosts (two runs, two hosts): pythia's 19 region calls cost 0.71
 each), 80 allocations 0.10, the rest 0.12. transformers' Qwen2: 25 calls, 1.34 ms in place
 (step 5.46, floor 3.90); 46 launches 0.42, 78 allocations 0.16, the rest 0.38.
 """
+import os
 import re
 import statistics
 import sys
@@ -23,7 +24,9 @@ import time
 
 import torch
 
-import thunder_fuser  # noqa: F401  (before thunder)
+# these time each launch: the regions launch plainly, not as CUDA graphs (``region_graphs.py``)
+os.environ.setdefault("THUNDER_FUSER_REGION_GRAPHS", "0")
+import thunder_fuser  # noqa: E402,F401  (before thunder)
 from benchmarks.contenders import wrap
 from benchmarks.model_zoo import batch, build
 from benchmarks.models import _step, _zero

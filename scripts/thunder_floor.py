@@ -6,8 +6,8 @@ checks, autograd, the trace's Python) and the torch ops between regions (matmuls
 attention, the KV cache's ``index_copy_``). A target below the floor no region work can
 reach; the gap between the step and the floor is what our region calls cost.
 
-Training (``--model``, a model of ``benchmarks/model_zoo``): torch.compile's step, ours
-and the floor, timed in 10 turns over the three (a lent host drifts by tens of percent
+Training (``--model``, a model of ``benchmarks/model_zoo``): torch.compile's step, ours,
+ours with the regions' launches made plainly (no ``runtime/region_graphs.py``) and the floor, timed in 10 turns over the three (a lent host drifts by tens of percent
 within a minute), each the median of its steps between CUDA events as ``benchmarks.models``
 times them, plus the host's issue time per step. Decode
 (``--decode``): ``benchmarks.decode``'s litgpt step, eager's, ours, the floor, ours
@@ -22,6 +22,7 @@ models on the CPU (a smoke test of the script, nothing to read in its numbers).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -29,6 +30,7 @@ import torch
 
 import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
 from benchmarks.contenders import wrap
+from thunder_fuser.runtime import region_graphs
 from thunder_fuser.runtime.region_runner import RegionRunner
 
 
@@ -77,14 +79,18 @@ def training(model: str, layers: int, steps: int) -> None:
     built = build(model, layers, tiny=not CUDA, device=DEVICE, dtype=torch.bfloat16 if CUDA else torch.float32)
     idx, targets = batch(built, 2, 1024 if CUDA else 16, device=DEVICE)
     m = built.module
-    tc, fn = wrap("torch.compile", m), wrap("thunder+fuser", m)
+    tc, fn, plain = wrap("torch.compile", m), wrap("thunder+fuser", m), wrap("thunder+fuser", m)
     free = lambda: free_regions(lambda: _step(fn, idx, targets))  # noqa: E731
     # (label, step, context): the floor is thunder + fuser's step inside ``free_regions``
-    entries = [("torch.compile", tc, nullcontext), ("thunder+fuser", fn, nullcontext), ("floor", fn, free)]
-    for _, f, _ in entries[:2]:
+    entries = [("torch.compile", tc, nullcontext), ("thunder+fuser", fn, nullcontext),
+               ("thunder+fuser, no region graphs", plain, nullcontext), ("floor", fn, free)]
+    for label, f, _ in entries[:3]:
+        # the regions' code is written at their first calls: ``plain``'s without graphs
+        os.environ["THUNDER_FUSER_REGION_GRAPHS"] = "0" if f is plain else "1"
         for _ in range(3):
             _zero(m)
             _step(f, idx, targets)
+    os.environ.pop("THUNDER_FUSER_REGION_GRAPHS")
     sync()
     calls = [0]
 
@@ -111,6 +117,7 @@ def training(model: str, layers: int, steps: int) -> None:
         name = f"thunder floor ({calls[0]} region calls free)" if label == "floor" else label
         ms = res.get("step_ms", res["error"])
         print(f"| {model} | {name} | {ms} | {statistics.median(res['issued']):.3f} |", flush=True)
+    print(f"region graphs (thunder+fuser): {region_graphs.stats}")
 
 
 def decode(model: str, layers: int, steps: int) -> None:

@@ -42,7 +42,8 @@ def _fallbacks(jfn) -> list:
             for p in plans(trace) for i, r in p.fallbacks.items()]
 
 
-def _step_matches_eager(name: str, device: str, dtype: torch.dtype, executors, tol: float, batch_size: int = 2) -> list:
+def _step_matches_eager(name: str, device: str, dtype: torch.dtype, executors, tol: float, batch_size: int = 2,
+                        steps: int = 2) -> list:
     """Two steps against eager (loss and every gradient: the second runs each region's
     generated code, ``runtime/straight_line.py``, which writes outputs over dead inputs);
     the segments on the reference backend and the fallback warnings."""
@@ -53,7 +54,7 @@ def _step_matches_eager(name: str, device: str, dtype: torch.dtype, executors, t
     want.backward()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", KernelFallbackWarning)
-        for step in range(2):
+        for step in range(steps):
             for p in ours.module.parameters():
                 p.grad = None
             loss = jfn(idx, targets)
@@ -144,9 +145,10 @@ def test_thunder_cannot_trace_a_transformers_model_with_its_kv_cache():
 @pytest.mark.parametrize("name", MODELS + MORE)
 def test_training_step_on_kernels(name, batch_size):
     """bf16 on generated kernels beside attention_ex (cuDNN's attention): eager's loss and
-    gradients, no segment on the reference backend, no kernel warning; at batch 1 too."""
+    gradients, no segment on the reference backend, no kernel warning; at batch 1 too. Four
+    steps: from the third the regions replay CUDA graphs (``runtime/region_graphs.py``)."""
     assert _step_matches_eager(name, "cuda", torch.bfloat16, thunder_fuser.executors(), 3e-2,
-                               batch_size=batch_size) == []
+                               batch_size=batch_size, steps=4) == []
 
 
 def test_gpt2s_position_gradient_in_bf16_runs_on_kernels(torch_kernels):

@@ -43,6 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from thunder_fuser.held_tensors import HeldTensors
 from thunder_fuser.kernels import cache, compile_workers
+from thunder_fuser.runtime import region_graphs
 
 
 MAX_GRAPHS = 16  # graphs one step keeps; beyond, a new shape or address runs without one
@@ -228,7 +229,9 @@ class GraphedStep:
         backend = self.backend or CudaGraphs()
         self.backend = backend
         inputs = [static.get(i, t) for i, t in tensors.items()]
-        with compile_workers.paused():  # a plan first met here builds its kernels, so they are captured
+        # a plan first met here builds its kernels, so they are captured; a region's own
+        # graphs (``runtime/region_graphs.py``) launch plainly into this one
+        with compile_workers.paused(), region_graphs.suspended():
             replay, out, nbytes = backend.capture(lambda: self.step(*args, **kwargs), inputs)
         self.captures += 1
         return _Graph(replay, tree_flatten(out), static, nbytes)

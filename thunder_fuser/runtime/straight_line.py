@@ -29,6 +29,7 @@ from thunder_fuser.ir.region import Value
 from thunder_fuser.kernels import segment_kernel
 from thunder_fuser.kernels.segment_kernel import LaunchGroup, SegmentKernel
 from thunder_fuser.layout import strides_for_order
+from thunder_fuser.runtime import region_graphs
 from thunder_fuser.runtime.donation import donated, donating
 from thunder_fuser.runtime.plan import conform_output
 
@@ -97,6 +98,39 @@ def _reinterpret(t: torch.Tensor, shape, strides, offset: int) -> torch.Tensor:
 _FAST = _fast_paths()
 
 
+class _Launch:
+    """A line of the body that launches a kernel, and the names of the tensors it reads or
+    writes (the graph's key, ``region_graphs.py``)."""
+
+    def __init__(self, text: str, names):
+        self.text, self.names = text, tuple(dict.fromkeys(names))
+
+
+class _Del:
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.text = f"del {', '.join(names)}"
+
+
+class _View:
+    """A line that views a tensor through the reference backend's op (``op``)."""
+
+    def __init__(self, text: str, op: str, out: str, src: str):
+        self.text, self.op, self.out, self.src = text, op, out, src
+
+
+class _Torch:
+    """A line that runs torch ops on tensors' values (``run_nodes``)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+# views that may copy (torch's rule): their line reads the values a launch wrote
+_MAY_COPY = ("reshape", "shallow_copy", "stride_order")
+GRAPH_DEFER_BYTES = 64 << 20  # a region whose temporaries would live this much longer is not graphed
+
+
 class _Unfit(Exception):
     """The plan needs the general path (the reason is for tests and debugging)."""
 
@@ -125,7 +159,10 @@ class _Writer:
         self.glob = {"empty_strided": torch.empty_strided, "run_nodes": reference.run_nodes, "nan": math.nan,
                      "reinterpret": _reinterpret if _FAST is None else _FAST["reinterpret"],
                      "run_on_torch": segment_kernel._run_on_torch, "conform": conform_output}
-        self.body: list[str] = []
+        self.body: list = []  # lines: str (host work), or _Launch, _Del, _View, _Torch
+        self.using: list | None = None  # while a launch's operands are written: the names they read
+        self.alloc_bytes: dict[str, int] = {}  # a local the code allocates -> its bytes
+        self.alloc_lines: list[int] = []  # where in the body the code allocates
         self.names: dict[int, str] = {}  # value id -> the name (local, argument or global) holding it
         self.owners: dict[str, set] = {}  # a generated local -> the value ids it holds
         self.fresh: dict[int, tuple] = {}  # value id -> strides, for what the code allocates
@@ -142,6 +179,7 @@ class _Writer:
         # read costs none)
         self.lazy: dict[int, torch.Tensor] = {}
         self.cuda_device: int | None = None  # the index of the CUDA device ``allocation`` assumes current
+        self.graph_device = None  # the device of launches to replay as a graph (``graphed_body``)
 
     def const(self, obj, hint: str = "c") -> str:
         name = f"{hint}{len(self.glob)}"
@@ -164,14 +202,21 @@ class _Writer:
     def name(self, vid: int) -> str | None:
         """The name holding value ``vid``; a view not made yet is made here."""
         if vid in self.names:
-            return self.names[vid]
+            return self._used(self.names[vid])
         m = self.lazy.get(vid)
         if m is None:
             return None
+        using, self.using = self.using, None  # the view is made of its argument before the launch
         expr = self.strided(vid, tuple(m.shape), tuple(m.stride()), 0)
+        self.using = using
         del self.lazy[vid]
         self.body.append(f"{self.local(vid)} = {expr}")
-        return self.names[vid]
+        return self._used(self.names[vid])
+
+    def _used(self, name: str) -> str:
+        if self.using is not None:
+            self.using.append(name)
+        return name
 
     def strided(self, vid: int, shape, strides, offset: int, view: bool = True) -> str:
         """``as_strided(shape, strides)`` at ``offset`` elements past where value ``vid``
@@ -183,7 +228,7 @@ class _Writer:
         m = self.lazy.get(vid)
         if m is not None:
             vid, offset = self.root[vid], offset + m.storage_offset()
-        name = self.names[vid]
+        name = self._used(self.names[vid])
         if not view:
             return f"reinterpret({name}, {shape}, {strides}, {offset})"
         return f"{name}.as_strided({shape}, {strides}, {name}.storage_offset()" + (f" + {offset})" if offset else ")")
@@ -246,12 +291,63 @@ class _Writer:
             guards.append(f"cuda_device() != {self.cuda_device}")
         if guards:
             head.append("    if (" + "\n            or ".join(guards) + "):\n        return None")
-        src = "\n".join(head + ["    " + line for line in self.body] + [f"    return [{', '.join(outs)}]"]) + "\n"
+        lines = self.graphed_body(region.name) if self.graph_device is not None else None
+        if lines is None:
+            lines = [line if isinstance(line, str) else line.text for line in self.body]
+        src = "\n".join(head + ["    " + line for line in lines] + [f"    return [{', '.join(outs)}]"]) + "\n"
         code = compile(src, f"<thunder_fuser {region.name}>", "exec")
         exec(code, self.glob)  # host code only: kernels are CuTe DSL modules, built elsewhere
         fn = self.glob["run"]
         fn.source = src
+        fn.graph_held_bytes = getattr(self, "graph_held_bytes", 0)
         return fn
+
+    def graphed_body(self, name: str) -> list[str] | None:
+        """The body with its launches replayed as a CUDA graph keyed on their tensors'
+        pointers (``region_graphs.py``), or None where that would change what the region
+        computes or holds: a torch op on values between launches, a view that may copy a
+        launch's output for a later launch, temporaries held more than
+        ``GRAPH_DEFER_BYTES`` longer.
+
+        Everything but the launches runs first, in order (allocations, views: no values
+        read), then the key and the launches, then what reads their values (a view that
+        may copy). A ``del`` of a name the launches read waits until the end."""
+        launches = [line for line in self.body if isinstance(line, _Launch)]
+        if len(launches) < region_graphs.MIN_LAUNCHES or any(isinstance(line, _Torch) for line in self.body):
+            return None
+        launched = {n for line in launches for n in line.names}
+        pre, post, deferred, after = [], [], [], False
+        post_reads, post_made = set(), set()
+        held_bytes = 0
+        last_alloc = max(self.alloc_lines, default=-1)
+        for i, line in enumerate(self.body):
+            if isinstance(line, _Launch):
+                after = True
+            elif isinstance(line, _Del):
+                keep = [n for n in line.names if n not in launched and n not in post_reads and n not in post_made]
+                wait = [n for n in line.names if n not in keep]
+                if keep:
+                    pre.append(f"del {', '.join(keep)}")
+                deferred += wait
+                if i < last_alloc:  # an allocation after it could have reused the memory
+                    held_bytes += sum(self.alloc_bytes.get(n, 0) for n in wait)
+            elif isinstance(line, _View) and ((after and line.op in _MAY_COPY) or line.src in post_made):
+                if line.out in launched:  # a launch would read a copy made before it ran
+                    return None
+                post.append(line.text)
+                post_reads.add(line.src)
+                post_made.add(line.out)
+            else:
+                pre.append(line if isinstance(line, str) else line.text)
+        self.graph_held_bytes = held_bytes
+        if held_bytes > GRAPH_DEFER_BYTES:
+            return None
+        names = list(dict.fromkeys(n for line in launches for n in line.names))
+        rg = self.const(region_graphs.RegionGraphs(name), "graphs")
+        key = "".join(f"{n}.data_ptr(), " for n in names)
+        return (pre + [f"key = ({key})", "def launches():"] + ["    " + line.text for line in launches]
+                + [f"{rg}(key, launches)"] + post
+                + ([f"del {', '.join(dict.fromkeys(deferred))}"] if deferred else []))
 
     # ---- steps --------------------------------------------------------------------------
     def step(self, step: list) -> None:
@@ -273,6 +369,7 @@ class _Writer:
 
     def kernel(self, k: SegmentKernel, segment: int | None = None) -> None:
         for part in k.parts:
+            self.using = []
             views = self.part_views(k, part, segment)
             self.launch(k, part, views)
         self.finish(k)
@@ -353,12 +450,15 @@ class _Writer:
         return None
 
     def group(self, g: LaunchGroup) -> None:
+        self.using = []
         calls = [self.part_views(k, part) for k, part in zip(g.kernels, g.parts)]
+        used, self.using = self.using, None
+        self.note_device(g.kernels[0])
         if g.fn is not None:
-            self.body.append(f"{self.const(g.fn, 'group')}(({''.join(c + ', ' for c in calls)}))")
+            self.body.append(_Launch(f"{self.const(g.fn, 'group')}(({''.join(c + ', ' for c in calls)}))", used))
         else:
             for part, views in zip(g.parts, calls):
-                self.body.append(f"run_on_torch({self.const(part, 'part')}, {views})")
+                self.body.append(_Launch(f"run_on_torch({self.const(part, 'part')}, {views})", used))
         for k in g.kernels:
             self.finish(k)
 
@@ -376,8 +476,10 @@ class _Writer:
                 continue
             name = self.local(target)
             shape, strides, dtype = alloc
+            self.alloc_bytes[name] = math.prod(shape) * dtype.itemsize
             fresh = self.allocation(shape, strides, dtype, k.device)
             donor = self.donor_for(part, segment, alloc, si, k.parts)
+            self.alloc_lines.append(len(self.body))
             if donor is None:
                 self.body.append(f"{name} = {fresh}")
             else:  # written over a dead input where only the trace holds it (``runtime/donation.py``)
@@ -426,14 +528,25 @@ class _Writer:
         else:
             raise _Unfit("a pointer only known after a launch")
 
+    def note_device(self, k: SegmentKernel) -> None:
+        """Launches to replay as a graph: CuTe DSL kernels on a CUDA device, or any in the
+        tests' stand-in mode (``region_graphs.wanted``)."""
+        if self.graph_device is None and (k.mode == "cute" or region_graphs.STAND_IN) and region_graphs.wanted(k.device):
+            self.graph_device = k.device
+
     def launch(self, k: SegmentKernel, part, views: str) -> None:
+        used, self.using = self.using or [], None
+        self.note_device(k)
         if k.mode != "cute":
-            self.body.append(f"run_on_torch({self.const(part, 'part')}, {views})")
+            self.body.append(_Launch(f"run_on_torch({self.const(part, 'part')}, {views})", used))
         elif part.workspace is None:
-            self.body.append(f"{self.const(part.fn, 'kernel')}({views})")
+            self.body.append(_Launch(f"{self.const(part.fn, 'kernel')}({views})", used))
         else:  # a column reduction: its workspace and rows per split, as ``_Part.extra_args`` makes them
-            ws = self.allocation(part.workspace, _row_major(part.workspace), torch.float32, k.device)
-            self.body.append(f"{self.const(part.fn, 'kernel')}({views}, {ws}, {part.per_split})")
+            ws = self.fresh_name("ws")
+            self.alloc_lines.append(len(self.body))
+            self.body.append(f"{ws} = {self.allocation(part.workspace, _row_major(part.workspace), torch.float32, k.device)}")
+            self.body.append(_Launch(f"{self.const(part.fn, 'kernel')}({views}, {ws}, {part.per_split})", used + [ws]))
+            self.body.append(_Del([ws]))
 
     def finish(self, k: SegmentKernel) -> None:
         for out, dst in k.write_outs:
@@ -460,7 +573,8 @@ class _Writer:
                     raise _Unfit("a value the code does not hold")
                 fn = self.const(reference.REFERENCE_IMPLS[n.op], n.op)
                 rest = "".join(", " + self.const(a, "arg") for a in n.args[1:])
-                self.body.append(f"{self.local(id(n.output))} = {fn}({src}{rest})")
+                out = self.local(id(n.output))
+                self.body.append(_View(f"{out} = {fn}({src}{rest})", n.op, out, src))
             return
         made = {id(o) for n in nodes for o in n.outputs}
         reads = {id(v): v for n in nodes for v in n.inputs() if id(v) not in made}
@@ -469,8 +583,8 @@ class _Writer:
                 raise _Unfit("a value the code does not hold")
         env = self.fresh_name("env")
         entries = ", ".join(f"{vid}: {self.names[vid]}" for vid in reads)
-        self.body.append(f"{env} = {{{entries}}}")
-        self.body.append(f"run_nodes({self.const(list(nodes), 'nodes')}, {env})")
+        self.body.append(_Torch(f"{env} = {{{entries}}}"))
+        self.body.append(_Torch(f"run_nodes({self.const(list(nodes), 'nodes')}, {env})"))
         for vid in made:
             name = self.local(vid)
             self.body.append(f"{name} = {env}[{vid}]")
@@ -506,7 +620,7 @@ class _Writer:
                 del self.owners[name]
                 gone.append(name)
         if gone:
-            self.body.append(f"del {', '.join(gone)}")
+            self.body.append(_Del(gone))
 
     def output(self, oid: int, strides) -> str:
         name = self.name(oid)

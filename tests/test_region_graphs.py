@@ -1,0 +1,173 @@
+"""A region call's launches replayed as a graph keyed on their pointers
+(``runtime/region_graphs.py``): what the generated code says, when a key is captured,
+replayed or launched plainly, and that whole training steps stay eager's with it. Off a
+GPU the graphs are ``StandIn``'s, which check that every tensor a launch reads has its
+pointer in the key; the ``cuda`` tests replay real CUDA graphs."""
+
+from __future__ import annotations
+
+import pytest
+import thunder
+import torch
+
+import thunder_fuser
+from benchmarks.model_zoo import MODELS
+from benchmarks.workloads import gelu_bias
+from helpers import check_vs_eager
+from thunder_fuser.runtime import region_graphs
+from thunder_fuser.runtime.region_runner import RegionRunner
+
+
+@pytest.fixture
+def stand_in(monkeypatch, torch_kernels):
+    monkeypatch.setattr(region_graphs, "STAND_IN", True)
+    monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
+
+
+GELU_GRAPHED = """\
+def run(args):
+    a0, a1 = args
+    if (a0.stride() != s6
+            or a1.stride() != s7
+            or a1.data_ptr() % 16 != 0
+            or a0.data_ptr() % 16 != 0):
+        return None
+    t1 = empty_strided((8, 64), (64, 1), dtype=dt8, device=dev9)
+    key = (a1.data_ptr(), a0.data_ptr(), t1.data_ptr(), )
+    def launches():
+        run_on_torch(part10, (a1, a0, t1, ))
+    graphs11(key, launches)
+    return [t1]
+"""
+
+
+def _runners(jfn) -> list[RegionRunner]:
+    return [v for v in thunder.last_traces(jfn)[-1].python_ctx().values() if isinstance(v, RegionRunner)]
+
+
+def test_the_code_allocates_then_keys_the_launches_on_every_pointer_they_touch(stand_in):
+    """Guards, allocations, the key (every tensor the launch reads or writes), the launches
+    as a closure the graph runs or replays, the outputs."""
+    jfn, _ = check_vs_eager(gelu_bias, torch.randn(8, 64), torch.randn(64))
+    (runner,) = _runners(jfn)
+    assert runner.fast.source == GELU_GRAPHED
+
+
+def test_a_key_seen_twice_is_captured_then_replayed_and_another_launches_plainly(stand_in):
+    x, b = torch.randn(8, 64), torch.randn(64)
+    jfn = thunder.jit(gelu_bias, executors=[thunder_fuser.fuser_ex])
+    jfn(x, b)  # the plan's first call: the code is written after it
+    (runner,) = _runners(jfn)
+    graphs = runner.fast.__globals__["graphs11"]
+    out = torch.empty(8, 64)
+    calls = []
+    graphs.miss = lambda key, launches, miss=graphs.miss: (calls.append(key), miss(key, launches))
+    # the same pointers each call: the caller's output is kept, so allocate into a fixed place
+    runner.fast.__globals__["empty_strided"] = lambda *a, **k: out
+    for i in range(4):
+        x.copy_(torch.randn(8, 64))
+        torch.testing.assert_close(jfn(x, b), gelu_bias(x, b))
+        assert region_graphs.stats["captures"] == (1 if i >= 1 else 0)
+    assert region_graphs.stats["replays"] == 3 and len(calls) == 2  # seen, captured (and replayed), replayed twice
+    y = torch.randn(8, 64)  # another input pointer: launched plainly, and counted
+    torch.testing.assert_close(jfn(y, b), gelu_bias(y, b))
+    assert region_graphs.stats["replays"] == 3 and len(graphs.graphs) == 1 and len(graphs.sighted) == 1
+
+
+class _Recording:
+    def __init__(self, fail=False):
+        self.fail, self.captured = fail, []
+
+    def capture(self, launches, key):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.captured.append(key)
+        return lambda now: now()
+
+
+def test_a_failed_capture_launches_once_and_that_key_is_not_tried_again():
+    g = region_graphs.RegionGraphs("r", _Recording(fail=True))
+    ran = []
+    for _ in range(4):
+        g((1, 2), lambda: ran.append(1))
+    assert len(ran) == 4 and g.refused == {(1, 2)} and not g.graphs
+
+
+def test_a_new_graph_replaces_the_oldest_until_keys_prove_unsettled(monkeypatch):
+    """Keys that settle elsewhere (something else allocated between steps) get graphs anew,
+    keeping ``MAX_GRAPHS``; a region whose keys never settle stops capturing."""
+    rec = _Recording()
+    g = region_graphs.RegionGraphs("r", rec)
+    ran = []
+    for key in range(region_graphs.MAX_GRAPHS + 2):
+        for _ in range(3):
+            g((key,), lambda: ran.append(1))
+    assert len(ran) == 3 * (region_graphs.MAX_GRAPHS + 2) and len(rec.captured) == region_graphs.MAX_GRAPHS + 2
+    assert list(g.graphs) == [(k,) for k in range(2, region_graphs.MAX_GRAPHS + 2)] and g.replaced == 2
+    monkeypatch.setattr(region_graphs, "CAPTURE_AT", 1)
+    for key in range(100, 100 + region_graphs.MAX_REPLACED):
+        g((key,), lambda: None)
+    assert g.replaced == region_graphs.MAX_REPLACED
+    before = len(rec.captured)
+    g((1000,), lambda: ran.append("plain"))
+    assert len(rec.captured) == before and ran[-1] == "plain"
+
+
+def test_inside_a_whole_step_capture_a_region_launches_plainly():
+    """``graphs.graphed`` captures a whole step: a region's launches belong in that graph, so
+    it neither captures nor replays its own."""
+    rec = _Recording()
+    g = region_graphs.RegionGraphs("r", rec)
+    for _ in range(3):
+        g((1,), lambda: None)
+    assert rec.captured == [(1,)]
+    ran = []
+    with region_graphs.suspended():
+        g((1,), lambda: ran.append("plain"))
+        g((2,), lambda: ran.append("plain"))
+        g((2,), lambda: ran.append("plain"))
+    assert ran == ["plain"] * 3 and rec.captured == [(1,)]
+
+
+def test_the_stand_in_refuses_a_launch_that_reads_a_tensor_outside_the_key():
+    t, u = torch.zeros(4), torch.zeros(4)
+
+    def launches():
+        t.add_(1)
+        u.add_(1)
+
+    with pytest.raises(AssertionError, match="not among the key"):
+        region_graphs.StandIn().capture(launches, (t.data_ptr(),))
+
+
+def test_turned_off_the_code_launches_as_before(stand_in, monkeypatch):
+    monkeypatch.setenv("THUNDER_FUSER_REGION_GRAPHS", "0")
+    jfn, _ = check_vs_eager(gelu_bias, torch.randn(8, 64), torch.randn(64))
+    (runner,) = _runners(jfn)
+    assert "key" not in runner.fast.source and "run_on_torch(part10, (a1, a0, t1, ))" in runner.fast.source
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_training_steps_with_region_graphs_match_eager(name, stand_in):
+    """Four steps (the code is written after the first; a key is captured at its second
+    sighting): loss and gradients as eager's, no fallback. A region whose launches would
+    read a copy made before them, or whose torch ops read values between launches, keeps
+    its plain code (transformers' ``.contiguous()`` copies: a region without launches)."""
+    from test_models import _step_matches_eager
+
+    assert _step_matches_eager(name, "cpu", torch.float32, thunder_fuser.executors(), 1e-4, steps=4) == []
+    assert region_graphs.stats["failed"] == 0
+
+
+@pytest.mark.cuda
+def test_training_steps_replay_region_graphs_on_the_gpu(monkeypatch):
+    """bf16 on kernels, five steps: eager's loss and gradients while regions replay CUDA
+    graphs (a steady step allocates at the same addresses, so keys repeat). The other
+    models' cuda step test (``test_models.py``, four steps) replays wherever keys repeat."""
+    from test_models import _step_matches_eager
+
+    monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
+    assert _step_matches_eager("pythia-410m", "cuda", torch.bfloat16, thunder_fuser.executors(), 3e-2, steps=5) == []
+    assert region_graphs.stats["failed"] == 0
+    assert region_graphs.stats["captures"] > 0 and region_graphs.stats["replays"] > region_graphs.stats["captures"], \
+        region_graphs.stats

@@ -1,0 +1,182 @@
+"""A region call's kernel launches replayed as one CUDA graph, keyed on their pointers.
+
+A training step of a small model is bound by the host: pythia-410m's 19 region calls
+cost about 0.70 ms of a 3.3 ms step on the H100 host, and their 31 CuTe DSL launches
+(TVM-FFI, 8.6 us each in place) are the largest part (``scripts/region_host_probe.py``).
+A graph replays them in one driver call. It stays correct without any static buffer
+because it is keyed on every pointer its launches read or write: the generated code
+(``straight_line.py``) allocates as before, then looks up the tuple of the data pointers
+of every tensor its launches touch. A steady step allocates the same sizes in the same
+order, so the caching allocator hands out the same addresses and the key repeats (H100,
+pythia: one key per region over 20 steps, every call a replay after the second); any
+other key launches as before. Nothing else a launch depends on can change between calls
+of one generated function: shapes, strides and dtypes are its plan's key, a kernel takes
+no number known only at run time (``kernels/expr.py`` refuses one), and the alignment
+guards run before the key is built.
+
+A key is captured once it has been seen ``CAPTURE_AT`` times (a capture costs the
+launches and a graph instantiation). A region keeps ``MAX_GRAPHS`` graphs, a new one
+replacing the oldest: after anything else allocated between two steps (an evaluation, a
+checkpoint, another model), the same step lands at other addresses and settles there in
+a step or two. A region whose keys never settle (more than ``MAX_REPLACED`` replaced)
+stops capturing. A capture records without running, so the launches it records are replayed at
+once; a capture that fails runs the launches plainly and that key is not tried again.
+Captures use ``CUDAGraph.capture_begin`` on a side stream, without the device sync,
+garbage collection and ``empty_cache`` of ``torch.cuda.graph``: emptying the cache would
+move every later allocation and so every key. The launches allocate nothing themselves
+(a column reduction's workspace is allocated before them, with the region's outputs), so
+a capture holds no memory.
+
+What it buys (H100, one slow host, 2 x 1024 tokens, the three taking turns; x torch.compile's
+step, synced each step / pipelined): pythia-410m 0.89 -> 0.97 / 0.94 -> 1.00, Qwen2
+1.04 -> 1.05 / 0.82 -> 0.91. A replay's ``cudaGraphLaunch`` costs the driver more than one
+kernel launch, so the saving is the Python, TVM-FFI and views of the launches, not the
+launches themselves.
+
+Inside a whole-step capture (``graphs.graphed``) a region launches plainly: its launches
+become part of that graph. ``THUNDER_FUSER_REGION_GRAPHS=0`` turns this off (the code is
+then written as before). Off a GPU the tests use ``StandIn``: it "replays" by launching
+the current call's closure after checking that every tensor it reads has a pointer in the
+key, which is what keeps a real replay correct.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# a region with fewer launches keeps its plain code (2 was no better on the H100: pythia
+# 0.96 / 0.97, Qwen2 1.07 / 0.96 against 1 above)
+MIN_LAUNCHES = 1
+CAPTURE_AT = 2  # sightings of one key before it is captured
+MAX_GRAPHS = 8  # graphs kept per generated function: a new one replaces the oldest
+MAX_REPLACED = 32  # graphs replaced per generated function before it stops capturing
+MAX_SIGHTED = 64  # keys counted per generated function before the count starts anew
+
+stats = {"captures": 0, "replays": 0, "failed": 0}
+_suspended = [0]  # > 0 inside a whole-step capture (``graphs.py``)
+
+
+def wanted(device) -> bool:
+    """Write region code with a graph: on a CUDA device unless turned off, and in the tests'
+    stand-in mode."""
+    if os.environ.get("THUNDER_FUSER_REGION_GRAPHS", "1") in ("", "0"):
+        return False
+    if STAND_IN:
+        return True
+    return getattr(device, "type", None) == "cuda"
+
+
+STAND_IN = False  # tests set it: region graphs on the CPU, replayed by ``StandIn``
+
+
+class suspended:
+    """Regions launch plainly inside this block (a whole-step graph being captured)."""
+
+    def __enter__(self):
+        _suspended[0] += 1
+
+    def __exit__(self, *exc):
+        _suspended[0] -= 1
+
+
+class RegionGraphs:
+    """The graphs of one generated function: ``self(key, launches)`` replays the graph of
+    ``key`` or runs ``launches()`` (capturing it once the key has been seen often enough)."""
+
+    def __init__(self, name: str, backend=None):
+        self.name = name
+        self.backend = backend or (StandIn() if STAND_IN else CudaCapture())
+        self.graphs: dict = {}
+        self.sighted: dict = {}
+        self.refused: set = set()
+        self.replaced = 0
+
+    def __call__(self, key: tuple, launches) -> None:
+        g = self.graphs.get(key)
+        if g is not None and not _suspended[0]:
+            g(launches)
+            stats["replays"] += 1
+            return
+        self.miss(key, launches)
+
+    def miss(self, key: tuple, launches) -> None:
+        if _suspended[0] or key in self.refused or self.replaced >= MAX_REPLACED:
+            launches()
+            return
+        seen = self.sighted.get(key, 0) + 1
+        if seen < CAPTURE_AT:
+            if len(self.sighted) >= MAX_SIGHTED:
+                self.sighted.clear()
+            self.sighted[key] = seen
+            launches()
+            return
+        self.sighted.pop(key, None)
+        try:
+            g = self.backend.capture(launches, key)
+        except Exception:  # noqa: BLE001 - a region that cannot be captured launches as before
+            stats["failed"] += 1
+            self.refused.add(key)
+            launches()
+            return
+        stats["captures"] += 1
+        if len(self.graphs) >= MAX_GRAPHS:
+            del self.graphs[next(iter(self.graphs))]
+            self.replaced += 1
+        self.graphs[key] = g
+        g(launches)
+        stats["replays"] += 1
+
+
+class CudaCapture:
+    """Captures ``launches()`` on a side stream into a graph of its own; TVM-FFI's launch
+    stream (our kernels') follows torch's there."""
+
+    def __init__(self):
+        self.stream = None
+
+    def capture(self, launches, key):
+        import tvm_ffi
+
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        current = torch.cuda.current_stream()
+        self.stream.wait_stream(current)
+        with tvm_ffi.use_torch_stream(torch.cuda.stream(self.stream)):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                launches()
+            finally:
+                graph.capture_end()  # raises if the capture was invalidated
+        current.wait_stream(self.stream)
+        replay = graph.replay
+
+        def run(_launches):
+            replay()
+
+        run.graph = graph  # the graph lives as long as its replay
+        return run
+
+
+class StandIn:
+    """The tests' graph: checks that every tensor the launches read lies at a pointer of the
+    key (a real replay would read whatever lies at the captured pointers), then launches."""
+
+    def capture(self, launches, key):
+        self.check(launches, key)
+
+        def run(now):
+            self.check(now, key)
+            now()
+
+        return run
+
+    @staticmethod
+    def check(launches, key) -> None:
+        ptrs = set(key)
+        for cell in launches.__closure__ or ():
+            t = cell.cell_contents
+            if isinstance(t, torch.Tensor) and t.data_ptr() not in ptrs:
+                raise AssertionError(f"a launch reads a tensor at {t.data_ptr():#x}, not among the key's pointers")
