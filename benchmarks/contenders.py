@@ -44,7 +44,8 @@ def run_label(kind: str, taken) -> str:
 def wrap(kind: str, fn):
     """``fn`` as contender ``kind`` runs it: eager, torch.compile (``... reduce-overhead``:
     with its CUDA graphs), thunder, thunder+torchcompile, thunder+fuser (``... graphed``:
-    replayed by ``thunder_fuser.graphed``)."""
+    replayed by ``thunder_fuser.graphed``; ``... no-region-graphs``: each region's launches
+    made plainly, not replayed as a graph)."""
     if kind == "eager":
         return fn
     if kind == "torch.compile":
@@ -54,4 +55,13 @@ def wrap(kind: str, fn):
     if kind == "thunder":
         return thunder.jit(fn)
     jfn = thunder.jit(fn, executors=thunder_executors(kind), transforms=thunder_transforms(kind))
+    if kind.endswith("no-region-graphs"):  # the regions' launches made plainly (``runtime/region_graphs.py``)
+        from thunder_fuser.runtime.region_graphs import turned_off
+
+        def plain(*args, **kwargs):
+            with turned_off():
+                return jfn(*args, **kwargs)
+
+        plain.jitted = jfn
+        return plain
     return thunder_fuser.graphed(jfn) if kind.endswith("graphed") else jfn

@@ -50,6 +50,7 @@ import thunder
 
 from benchmarks.contenders import run_label, wrap
 from benchmarks.model_zoo import MODELS, batch, build
+from thunder_fuser.runtime import region_graphs
 
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
 GiB = 2**30
@@ -90,6 +91,7 @@ def _fallbacks(fn) -> list[str]:
     from thunder_fuser.runtime.region_runner import RegionRunner
 
     out = []
+    fn = getattr(fn, "jitted", fn)  # a contender that wraps its jitted step (``contenders.wrap``)
     for traces in (thunder.last_traces(fn), thunder.last_backward_traces(fn)):
         if not traces:
             continue
@@ -268,8 +270,12 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
         label = run_label(kind, out["contenders"])
         print(f"[{name}] {label} ...", flush=True)
         out["contenders"][label] = run_contender(kind, name, layers, batch_size, seq, ref, tiny, timers)
+    graphs_before = dict(region_graphs.stats)
     try:
         time_interleaved(timers, steps, batch_size, seq)
+        if "thunder+fuser" in out["contenders"]:  # the regions' CUDA graphs over the timed turns
+            out["contenders"]["thunder+fuser"]["region_graphs"] = {
+                k: region_graphs.stats[k] - graphs_before[k] for k in graphs_before}
     finally:
         timers.clear()  # the contenders' models and steps
         gc.collect()

@@ -56,12 +56,13 @@ MAX_SIGHTED = 64  # keys counted per generated function before the count starts 
 
 stats = {"captures": 0, "replays": 0, "failed": 0}
 _suspended = [0]  # > 0 inside a whole-step capture (``graphs.py``)
+_off = [0]  # > 0 inside ``turned_off``
 
 
 def wanted(device) -> bool:
     """Write region code with a graph: on a CUDA device unless turned off, and in the tests'
     stand-in mode."""
-    if os.environ.get("THUNDER_FUSER_REGION_GRAPHS", "1") in ("", "0"):
+    if os.environ.get("THUNDER_FUSER_REGION_GRAPHS", "1") in ("", "0") or _off[0]:
         return False
     if STAND_IN:
         return True
@@ -69,6 +70,17 @@ def wanted(device) -> bool:
 
 
 STAND_IN = False  # tests set it: region graphs on the CPU, replayed by ``StandIn``
+
+
+class turned_off:
+    """Region code written inside this block launches plainly (a benchmark's contender
+    without region graphs beside one with them, in one process)."""
+
+    def __enter__(self):
+        _off[0] += 1
+
+    def __exit__(self, *exc):
+        _off[0] -= 1
 
 
 class suspended:
