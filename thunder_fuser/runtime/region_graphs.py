@@ -27,11 +27,12 @@ move every later allocation and so every key. The launches allocate nothing them
 (a column reduction's workspace is allocated before them, with the region's outputs), so
 a capture holds no memory.
 
-What it buys (H100, one slow host, 2 x 1024 tokens, the three taking turns; x torch.compile's
-step, synced each step / pipelined): pythia-410m 0.89 -> 0.97 / 0.94 -> 1.00, Qwen2
-1.04 -> 1.05 / 0.82 -> 0.91. A replay's ``cudaGraphLaunch`` costs the driver more than one
-kernel launch, so the saving is the Python, TVM-FFI and views of the launches, not the
-launches themselves.
+What it buys is small (H100, 2 x 1024 tokens, x torch.compile's step): in one probe,
+pythia-410m 0.89 -> 0.97 synced each step and 0.94 -> 1.00 pipelined, Qwen2 1.04 -> 1.05
+and 0.82 -> 0.91; in the model benchmark beside a contender launching plainly, pythia 1.21
+-> 1.15 and Qwen2 1.04 -> 1.07 (``benchmarks/results/region_graphs``). A replay's
+``cudaGraphLaunch`` costs the driver more than one kernel launch, so the saving is the
+launches' Python, TVM-FFI and views, not the launches themselves.
 
 Inside a whole-step capture (``graphs.graphed``) a region launches plainly: its launches
 become part of that graph. ``THUNDER_FUSER_REGION_GRAPHS=0`` turns this off (the code is
