@@ -15,7 +15,7 @@ from benchmarks.model_zoo import MODELS
 from benchmarks.workloads import gelu_bias
 from helpers import check_vs_eager
 from thunder_fuser.runtime import region_graphs
-from thunder_fuser.runtime.region_runner import RegionRunner
+from test_straight_line import GELU_SOURCE, _runners
 
 
 @pytest.fixture
@@ -24,25 +24,15 @@ def stand_in(monkeypatch, torch_kernels):
     monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
 
 
-GELU_GRAPHED = """\
-def run(args):
-    a0, a1 = args
-    if (a0.stride() != s6
-            or a1.stride() != s7
-            or a1.data_ptr() % 16 != 0
-            or a0.data_ptr() % 16 != 0):
-        return None
-    t1 = empty_strided((8, 64), (64, 1), dtype=dt8, device=dev9)
+# the plain code (``test_straight_line.GELU_SOURCE``) with its launch keyed and handed over
+GELU_GRAPHED = GELU_SOURCE.replace("""\
+    run_on_torch(part10, (a1, a0, t1, ))
+""", """\
     key = (a1.data_ptr(), a0.data_ptr(), t1.data_ptr(), )
     def launches():
         run_on_torch(part10, (a1, a0, t1, ))
     graphs11(key, launches)
-    return [t1]
-"""
-
-
-def _runners(jfn) -> list[RegionRunner]:
-    return [v for v in thunder.last_traces(jfn)[-1].python_ctx().values() if isinstance(v, RegionRunner)]
+""")
 
 
 def test_the_code_allocates_then_keys_the_launches_on_every_pointer_they_touch(stand_in):
