@@ -107,6 +107,9 @@ class _Launch:
 
 
 class _Del:
+    """A line that frees what the schedule frees (a graphed body moves it after the launches
+    that read it)."""
+
     def __init__(self, names: list[str]):
         self.names = names
         self.text = f"del {', '.join(names)}"
@@ -299,7 +302,6 @@ class _Writer:
         exec(code, self.glob)  # host code only: kernels are CuTe DSL modules, built elsewhere
         fn = self.glob["run"]
         fn.source = src
-        fn.graph_held_bytes = getattr(self, "graph_held_bytes", 0)
         return fn
 
     def graphed_body(self, name: str) -> list[str] | None:
@@ -339,7 +341,6 @@ class _Writer:
                 post_made.add(line.out)
             else:
                 pre.append(line if isinstance(line, str) else line.text)
-        self.graph_held_bytes = held_bytes
         if held_bytes > GRAPH_DEFER_BYTES:
             return None
         names = list(dict.fromkeys(n for line in launches for n in line.names))
