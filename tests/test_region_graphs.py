@@ -85,22 +85,36 @@ def test_a_failed_capture_launches_once_and_that_key_is_not_tried_again():
 
 def test_a_new_graph_replaces_the_oldest_until_keys_prove_unsettled(monkeypatch):
     """Keys that settle elsewhere (something else allocated between steps) get graphs anew,
-    keeping ``MAX_GRAPHS``; a region whose keys never settle stops capturing."""
+    keeping ``MAX_GRAPHS``; a region whose graphs keep being replaced before they served
+    stops capturing."""
     rec = _Recording()
     g = region_graphs.RegionGraphs("r", rec)
     ran = []
-    for key in range(region_graphs.MAX_GRAPHS + 2):
+    for key in range(region_graphs.MAX_GRAPHS + 2):  # seen, captured, replayed once: not useful
         for _ in range(3):
             g((key,), lambda: ran.append(1))
     assert len(ran) == 3 * (region_graphs.MAX_GRAPHS + 2) and len(rec.captured) == region_graphs.MAX_GRAPHS + 2
-    assert list(g.graphs) == [(k,) for k in range(2, region_graphs.MAX_GRAPHS + 2)] and g.replaced == 2
+    assert list(g.graphs) == [(k,) for k in range(2, region_graphs.MAX_GRAPHS + 2)] and g.wasted == 2
     monkeypatch.setattr(region_graphs, "CAPTURE_AT", 1)
-    for key in range(100, 100 + region_graphs.MAX_REPLACED):
+    for key in range(100, 100 + region_graphs.MAX_WASTED):
         g((key,), lambda: None)
-    assert g.replaced == region_graphs.MAX_REPLACED
+    assert g.wasted == region_graphs.MAX_WASTED
     before = len(rec.captured)
     g((1000,), lambda: ran.append("plain"))
     assert len(rec.captured) == before and ran[-1] == "plain"
+
+
+def test_graphs_that_served_are_replaced_without_counting_against_the_region(monkeypatch):
+    """A loop that evaluates every so many steps moves every key now and then: each new
+    steady state gets its graphs, however many times that happens."""
+    monkeypatch.setattr(region_graphs, "CAPTURE_AT", 1)
+    rec = _Recording()
+    g = region_graphs.RegionGraphs("r", rec)
+    states = 2 * (region_graphs.MAX_WASTED + region_graphs.MAX_GRAPHS)
+    for key in range(states):
+        for _ in range(1 + region_graphs.USEFUL):
+            g((key,), lambda: None)
+    assert len(rec.captured) == states and g.wasted == 0 and len(g.graphs) == region_graphs.MAX_GRAPHS
 
 
 def test_inside_a_whole_step_capture_a_region_launches_plainly():

@@ -18,8 +18,9 @@ A key is captured once it has been seen ``CAPTURE_AT`` times (a capture costs th
 launches and a graph instantiation). A region keeps ``MAX_GRAPHS`` graphs, a new one
 replacing the oldest: after anything else allocated between two steps (an evaluation, a
 checkpoint, another model), the same step lands at other addresses and settles there in
-a step or two. A region whose keys never settle (more than ``MAX_REPLACED`` replaced)
-stops capturing. A capture records without running, so the launches it records are replayed at
+a step or two. A region whose keys never settle (``MAX_WASTED`` graphs replaced before
+they replayed ``USEFUL`` times) stops capturing; graphs that served and were replaced
+(a training loop with an evaluation every so many steps) do not count. A capture records without running, so the launches it records are replayed at
 once; a capture that fails runs the launches plainly and that key is not tried again.
 Captures use ``CUDAGraph.capture_begin`` on a side stream, without the device sync,
 garbage collection and ``empty_cache`` of ``torch.cuda.graph``: emptying the cache would
@@ -52,7 +53,8 @@ import torch
 MIN_LAUNCHES = 1
 CAPTURE_AT = 2  # sightings of one key before it is captured
 MAX_GRAPHS = 8  # graphs kept per generated function: a new one replaces the oldest
-MAX_REPLACED = 32  # graphs replaced per generated function before it stops capturing
+USEFUL = 2  # replays after its capture that make a replaced graph worth its capture
+MAX_WASTED = 16  # graphs replaced before they were useful, per generated function, before it stops capturing
 MAX_SIGHTED = 64  # keys counted per generated function before the count starts anew
 
 stats = {"captures": 0, "replays": 0, "failed": 0}
@@ -104,18 +106,19 @@ class RegionGraphs:
         self.graphs: dict = {}
         self.sighted: dict = {}
         self.refused: set = set()
-        self.replaced = 0
+        self.wasted = 0  # graphs replaced before they were useful
 
     def __call__(self, key: tuple, launches) -> None:
-        g = self.graphs.get(key)
+        g = self.graphs.get(key)  # [replay, replays since the capture]
         if g is not None and not _suspended[0]:
-            g(launches)
+            g[0](launches)
+            g[1] += 1
             stats["replays"] += 1
             return
         self.miss(key, launches)
 
     def miss(self, key: tuple, launches) -> None:
-        if _suspended[0] or key in self.refused or self.replaced >= MAX_REPLACED:
+        if _suspended[0] or key in self.refused or self.wasted >= MAX_WASTED:
             launches()
             return
         seen = self.sighted.get(key, 0) + 1
@@ -135,9 +138,9 @@ class RegionGraphs:
             return
         stats["captures"] += 1
         if len(self.graphs) >= MAX_GRAPHS:
-            del self.graphs[next(iter(self.graphs))]
-            self.replaced += 1
-        self.graphs[key] = g
+            oldest = self.graphs.pop(next(iter(self.graphs)))
+            self.wasted += oldest[1] < USEFUL
+        self.graphs[key] = [g, 0]
         g(launches)
         stats["replays"] += 1
 
