@@ -66,13 +66,22 @@ def test_a_key_seen_twice_is_captured_then_replayed_and_another_launches_plainly
 
 class _Recording:
     def __init__(self, fail=False):
-        self.fail, self.captured = fail, []
+        self.fail, self.captured, self.outer = fail, [], False
+
+    def capturing(self) -> bool:
+        return self.outer
 
     def capture(self, launches, key):
         if self.fail:
             raise RuntimeError("operation not permitted when stream is capturing")
         self.captured.append(key)
-        return lambda now: now()
+
+        def replay(now):
+            if self.outer:
+                raise RuntimeError("Cannot replay a graph while a capture is underway")
+            now()
+
+        return replay
 
 
 def test_a_failed_capture_launches_once_and_that_key_is_not_tried_again():
@@ -131,6 +140,22 @@ def test_inside_a_whole_step_capture_a_region_launches_plainly():
         g((2,), lambda: ran.append("plain"))
         g((2,), lambda: ran.append("plain"))
     assert ran == ["plain"] * 3 and rec.captured == [(1,)]
+
+
+def test_inside_a_graph_someone_else_captures_a_region_launches_plainly():
+    """thunder's ``CUDAGraphTransform`` (or a caller's ``torch.cuda.graph``) may capture a
+    region call: its launches belong in that graph, so the region neither captures (its side
+    stream would join the outer capture) nor replays (torch refuses a replay there)."""
+    rec = _Recording()
+    g = region_graphs.RegionGraphs("r", rec)
+    for _ in range(2):
+        g((1,), lambda: None)
+    assert rec.captured == [(1,)]
+    rec.outer = True
+    ran = []
+    for key in ((1,), (2,), (2,), (2,)):
+        g(key, lambda: ran.append("plain"))
+    assert ran == ["plain"] * 4 and rec.captured == [(1,)]
 
 
 def test_the_stand_in_refuses_a_launch_that_reads_a_tensor_outside_the_key():

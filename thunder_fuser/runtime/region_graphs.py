@@ -35,7 +35,8 @@ and 0.82 -> 0.91; in the model benchmark beside a contender launching plainly, p
 ``cudaGraphLaunch`` costs the driver more than one kernel launch, so the saving is the
 launches' Python, TVM-FFI and views, not the launches themselves.
 
-Inside a whole-step capture (``graphs.graphed``) a region launches plainly: its launches
+Inside a whole-step capture (``graphs.graphed``), or any graph being captured on the
+current stream (thunder's ``CUDAGraphTransform``), a region launches plainly: its launches
 become part of that graph. ``THUNDER_FUSER_REGION_GRAPHS=0`` turns this off (the code is
 then written as before). Off a GPU the tests use ``StandIn``: it "replays" by launching
 the current call's closure after checking that every tensor it reads has a pointer in the
@@ -111,14 +112,20 @@ class RegionGraphs:
     def __call__(self, key: tuple, launches) -> None:
         g = self.graphs.get(key)  # [replay, replays since the capture]
         if g is not None and not _suspended[0]:
-            g[0](launches)
+            try:
+                g[0](launches)
+            except RuntimeError:
+                if not self.backend.capturing():
+                    raise
+                launches()  # inside a graph someone else captures (torch refuses a replay there)
+                return
             g[1] += 1
             stats["replays"] += 1
             return
         self.miss(key, launches)
 
     def miss(self, key: tuple, launches) -> None:
-        if _suspended[0] or key in self.refused or self.wasted >= MAX_WASTED:
+        if _suspended[0] or key in self.refused or self.wasted >= MAX_WASTED or self.backend.capturing():
             launches()
             return
         seen = self.sighted.get(key, 0) + 1
@@ -152,6 +159,13 @@ class CudaCapture:
     def __init__(self):
         self.stream = None
 
+    @staticmethod
+    def capturing() -> bool:
+        """Is a graph being captured on this stream (thunder's ``CUDAGraphTransform``, a
+        caller's ``torch.cuda.graph``)? The launches then belong in that graph: a capture of
+        our own would join its side stream to it."""
+        return torch.cuda.is_current_stream_capturing()
+
     def capture(self, launches, key):
         import tvm_ffi
 
@@ -179,6 +193,10 @@ class CudaCapture:
 class StandIn:
     """The tests' graph: checks that every tensor the launches read lies at a pointer of the
     key (a real replay would read whatever lies at the captured pointers), then launches."""
+
+    @staticmethod
+    def capturing() -> bool:
+        return False
 
     def capture(self, launches, key):
         self.check(launches, key)
