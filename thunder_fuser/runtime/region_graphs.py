@@ -20,8 +20,9 @@ replacing the oldest: after anything else allocated between two steps (an evalua
 checkpoint, another model), the same step lands at other addresses and settles there in
 a step or two. A region whose keys never settle (``MAX_WASTED`` graphs replaced before
 they replayed ``USEFUL`` times) stops capturing; graphs that served and were replaced
-(a training loop with an evaluation every so many steps) do not count. A capture records without running, so the launches it records are replayed at
-once; a capture that fails runs the launches plainly and that key is not tried again.
+(a training loop with an evaluation every so many steps) do not count. A capture records
+without running, so the launches it records are replayed at once; a capture that fails
+runs the launches plainly and that key is not tried again.
 Captures use ``CUDAGraph.capture_begin`` on a side stream, without the device sync,
 garbage collection and ``empty_cache`` of ``torch.cuda.graph``: emptying the cache would
 move every later allocation and so every key. The launches allocate nothing themselves
