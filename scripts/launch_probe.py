@@ -14,15 +14,12 @@ arrays (so conversion is 41-56 us of it); a launch 4.3-6 us with 2-3 tensors, 7-
 reduction and its partials: not checked one by one). On another host, as the script now
 times: 197 us, 168 and 158 converted beforehand, 3.5-5.5 us a launch, about 7 us for those.
 """
-import os
 import sys
 
 import torch
 
 if not torch.cuda.is_available():
     sys.exit("launch_probe.py needs a CUDA device (it replays CuTe DSL launches)")
-# these time each launch: the regions launch plainly, not as CUDA graphs (``region_graphs.py``)
-os.environ.setdefault("THUNDER_FUSER_REGION_GRAPHS", "0")
 import thunder_fuser  # noqa: E402,F401  (before thunder)
 import tvm_ffi  # noqa: E402
 
@@ -37,7 +34,7 @@ def record_launches(name: str) -> tuple[list, int]:
     """(region, kernel name, launch function, its arguments) for each launch of one step."""
     built = build(name, 2, tiny=False, device="cuda", dtype=torch.bfloat16)
     idx, targets = batch(built, 2, 1024, device="cuda")
-    fn = wrap("thunder+fuser", built.module)
+    fn = wrap("thunder+fuser no-region-graphs", built.module)  # each launch timed: no region graphs
     for _ in range(4):
         _zero(built.module)
         _step(fn, idx, targets)

@@ -16,7 +16,6 @@ Session 38, H100 hosts (two runs, two hosts): pythia's 19 region calls cost 0.71
 each), 80 allocations 0.10, the rest 0.12. transformers' Qwen2: 25 calls, 1.34 ms in place
 (step 5.46, floor 3.90); 46 launches 0.42, 78 allocations 0.16, the rest 0.38.
 """
-import os
 import re
 import statistics
 import sys
@@ -24,9 +23,7 @@ import time
 
 import torch
 
-# these time each launch: the regions launch plainly, not as CUDA graphs (``region_graphs.py``)
-os.environ.setdefault("THUNDER_FUSER_REGION_GRAPHS", "0")
-import thunder_fuser  # noqa: E402,F401  (before thunder)
+import thunder_fuser  # noqa: F401  (before thunder)
 from benchmarks.contenders import wrap
 from benchmarks.model_zoo import batch, build
 from benchmarks.models import _step, _zero
@@ -141,7 +138,7 @@ def main() -> None:
     built = build(name, 2, tiny=False, device="cuda", dtype=torch.bfloat16)
     idx, targets = batch(built, 2, 1024, device="cuda")
     m = built.module
-    fn = wrap("thunder+fuser", m)
+    fn = wrap("thunder+fuser no-region-graphs", m)  # each launch timed: no region graphs
     for _ in range(5):
         _zero(m)
         _step(fn, idx, targets)

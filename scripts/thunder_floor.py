@@ -7,8 +7,9 @@ attention, the KV cache's ``index_copy_``). A target below the floor no region w
 reach; the gap between the step and the floor is what our region calls cost.
 
 Training (``--model``, a model of ``benchmarks/model_zoo``): torch.compile's step, ours,
-ours with the regions' launches made plainly (no ``runtime/region_graphs.py``) and the floor, timed in 10 turns over the three (a lent host drifts by tens of percent
-within a minute), each the median of its steps between CUDA events as ``benchmarks.models``
+ours with the regions' launches made plainly (``benchmarks.contenders``'
+``thunder+fuser no-region-graphs``) and the floor, timed in 10 turns over the four (a lent
+host drifts by tens of percent within a minute), each the median of its steps between CUDA events as ``benchmarks.models``
 times them, plus the host's issue time per step. Decode
 (``--decode``): ``benchmarks.decode``'s litgpt step, eager's, ours, the floor, ours
 again, wall time per step with the host waiting for each step's token. Hosts differ
@@ -22,7 +23,6 @@ models on the CPU (a smoke test of the script, nothing to read in its numbers).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
@@ -79,18 +79,15 @@ def training(model: str, layers: int, steps: int) -> None:
     built = build(model, layers, tiny=not CUDA, device=DEVICE, dtype=torch.bfloat16 if CUDA else torch.float32)
     idx, targets = batch(built, 2, 1024 if CUDA else 16, device=DEVICE)
     m = built.module
-    tc, fn, plain = wrap("torch.compile", m), wrap("thunder+fuser", m), wrap("thunder+fuser", m)
+    tc, fn, plain = wrap("torch.compile", m), wrap("thunder+fuser", m), wrap("thunder+fuser no-region-graphs", m)
     free = lambda: free_regions(lambda: _step(fn, idx, targets))  # noqa: E731
     # (label, step, context): the floor is thunder + fuser's step inside ``free_regions``
     entries = [("torch.compile", tc, nullcontext), ("thunder+fuser", fn, nullcontext),
                ("thunder+fuser, no region graphs", plain, nullcontext), ("floor", fn, free)]
-    for label, f, _ in entries[:3]:
-        # the regions' code is written at their first calls: ``plain``'s without graphs
-        os.environ["THUNDER_FUSER_REGION_GRAPHS"] = "0" if f is plain else "1"
+    for _, f, _ in entries[:3]:
         for _ in range(3):
             _zero(m)
             _step(f, idx, targets)
-    os.environ.pop("THUNDER_FUSER_REGION_GRAPHS")
     sync()
     calls = [0]
 
