@@ -24,11 +24,16 @@ def stand_in(monkeypatch, torch_kernels):
     monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
 
 
-# the plain code (``test_straight_line.GELU_SOURCE``) with its launch keyed and handed over
+# the plain code (``test_straight_line.GELU_SOURCE``) with its launch keyed and handed over;
+# the pointers the alignment guards read are the key's (read once)
 GELU_GRAPHED = GELU_SOURCE.replace("""\
+            or a1.data_ptr() % 16 != 0
+            or a0.data_ptr() % 16 != 0):""", """\
+            or (p_a1 := a1.data_ptr()) % 16 != 0
+            or (p_a0 := a0.data_ptr()) % 16 != 0):""").replace("""\
     run_on_torch(part10, (a1, a0, t1, ))
 """, """\
-    key = (a1.data_ptr(), a0.data_ptr(), t1.data_ptr(), )
+    key = (p_a1, p_a0, t1.data_ptr(), )
     def launches():
         run_on_torch(part10, (a1, a0, t1, ))
     graphs11(key, launches)
@@ -36,8 +41,9 @@ GELU_GRAPHED = GELU_SOURCE.replace("""\
 
 
 def test_the_code_allocates_then_keys_the_launches_on_every_pointer_they_touch(stand_in):
-    """Guards, allocations, the key (every tensor the launch reads or writes), the launches
-    as a closure the graph runs or replays, the outputs."""
+    """Guards, allocations, the key (every tensor the launch reads or writes; an argument's
+    pointer as its alignment guard read it), the launches as a closure the graph runs or
+    replays, the outputs."""
     jfn, _ = check_vs_eager(gelu_bias, torch.randn(8, 64), torch.randn(64))
     (runner,) = _runners(jfn)
     assert runner.fast.source == GELU_GRAPHED

@@ -289,12 +289,15 @@ class _Writer:
         head = ["def run(args):"]
         if params:
             head.append(f"    {', '.join(params)}{',' if len(params) == 1 else ''} = args")
-        guards += [f"{self.names[vid]}.data_ptr() % {align} != {rest}" for vid, align, rest in _strongest(self.checks)]
+        lines = self.graphed_body(region.name) if self.graph_device is not None else None
+        # the pointers the alignment guards read, kept for the graph's key (read once a call)
+        keyed = self.key_names if lines is not None else ()
+        guards += [(f"(p_{n} := {n}.data_ptr())" if n in keyed else f"{n}.data_ptr()") + f" % {align} != {rest}"
+                   for n, align, rest in ((self.names[vid], a, r) for vid, a, r in _strongest(self.checks))]
         if self.cuda_device is not None:
             guards.append(f"cuda_device() != {self.cuda_device}")
         if guards:
             head.append("    if (" + "\n            or ".join(guards) + "):\n        return None")
-        lines = self.graphed_body(region.name) if self.graph_device is not None else None
         if lines is None:
             lines = [line if isinstance(line, str) else line.text for line in self.body]
         src = "\n".join(head + ["    " + line for line in lines] + [f"    return [{', '.join(outs)}]"]) + "\n"
@@ -345,7 +348,9 @@ class _Writer:
             return None
         names = list(dict.fromkeys(n for line in launches for n in line.names))
         rg = self.const(region_graphs.RegionGraphs(name), "graphs")
-        key = "".join(f"{n}.data_ptr(), " for n in names)
+        self.key_names = set(names)
+        guarded = {self.names[vid] for vid, _, _ in self.checks}  # their pointers: read by the guards
+        key = "".join(f"p_{n}, " if n in guarded else f"{n}.data_ptr(), " for n in names)
         return (pre + [f"key = ({key})", "def launches():"] + ["    " + line.text for line in launches]
                 + [f"{rg}(key, launches)"] + post
                 + ([f"del {', '.join(dict.fromkeys(deferred))}"] if deferred else []))
