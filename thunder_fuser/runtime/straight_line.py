@@ -182,7 +182,7 @@ class _Writer:
         # read costs none)
         self.lazy: dict[int, torch.Tensor] = {}
         self.cuda_device: int | None = None  # the index of the CUDA device ``allocation`` assumes current
-        self.graph_device = None  # the device of launches to replay as a graph (``graphed_body``)
+        self.graphs_wanted = False  # launches to replay as a graph (``graphed_body``)
 
     def const(self, obj, hint: str = "c") -> str:
         name = f"{hint}{len(self.glob)}"
@@ -289,7 +289,7 @@ class _Writer:
         head = ["def run(args):"]
         if params:
             head.append(f"    {', '.join(params)}{',' if len(params) == 1 else ''} = args")
-        lines = self.graphed_body(region.name) if self.graph_device is not None else None
+        lines = self.graphed_body(region.name) if self.graphs_wanted else None
         # the pointers the alignment guards read, kept for the graph's key (read once a call)
         keyed = self.key_names if lines is not None else ()
         guards += [(f"(p_{n} := {n}.data_ptr())" if n in keyed else f"{n}.data_ptr()") + f" % {align} != {rest}"
@@ -537,8 +537,8 @@ class _Writer:
     def note_device(self, k: SegmentKernel) -> None:
         """Launches to replay as a graph: CuTe DSL kernels on a CUDA device, or any in the
         tests' stand-in mode (``region_graphs.wanted``)."""
-        if self.graph_device is None and (k.mode == "cute" or region_graphs.STAND_IN) and region_graphs.wanted(k.device):
-            self.graph_device = k.device
+        if not self.graphs_wanted and (k.mode == "cute" or region_graphs.STAND_IN):
+            self.graphs_wanted = region_graphs.wanted(k.device)
 
     def launch(self, k: SegmentKernel, part, views: str) -> None:
         used, self.using = self.using or [], None
