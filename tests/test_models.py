@@ -43,13 +43,15 @@ def _fallbacks(jfn) -> list:
 
 
 def _step_matches_eager(name: str, device: str, dtype: torch.dtype, executors, tol: float, batch_size: int = 2,
-                        steps: int = 2) -> list:
+                        steps: int = 2, transforms=None) -> list:
     """Two steps against eager (loss and every gradient: the second runs each region's
     generated code, ``runtime/straight_line.py``, which writes outputs over dead inputs);
-    the segments on the reference backend and the fallback warnings."""
+    the segments on the reference backend and the fallback warnings. ``transforms``:
+    ``thunder_fuser.transforms()`` unless given."""
     ours, ref = _models(name, device, dtype)
     idx, targets = batch(ours, batch_size, 32, device)
-    jfn = thunder.jit(ours.module, executors=executors, transforms=thunder_fuser.transforms())
+    jfn = thunder.jit(ours.module, executors=executors,
+                      transforms=thunder_fuser.transforms() if transforms is None else transforms)
     want = ref.module(idx, targets)
     want.backward()
     with warnings.catch_warnings(record=True) as caught:

@@ -210,8 +210,17 @@ class StandIn:
 
     @staticmethod
     def check(launches, key) -> None:
-        ptrs = set(key)
-        for cell in launches.__closure__ or ():
-            t = cell.cell_contents
-            if isinstance(t, torch.Tensor) and t.data_ptr() not in ptrs:
-                raise AssertionError(f"a launch reads a tensor at {t.data_ptr():#x}, not among the key's pointers")
+        ptrs = set(_ints(key))
+        for launch in getattr(launches, "parts", (launches,)):  # a launch run's (``launch_run.py``)
+            for cell in launch.__closure__ or ():
+                t = cell.cell_contents
+                if isinstance(t, torch.Tensor) and t.data_ptr() not in ptrs:
+                    raise AssertionError(f"a launch reads a tensor at {t.data_ptr():#x}, not among the key's pointers")
+
+
+def _ints(key):
+    for k in key:
+        if isinstance(k, tuple):
+            yield from _ints(k)
+        else:
+            yield k

@@ -29,6 +29,8 @@ class RegionRunner:
         # after its first call; it returns None for a call it does not fit
         self.fast = None
         self.fast_tried = False
+        # the ``LaunchRun`` this region's calls hand their launches to (``launch_runs.py``)
+        self.run = None
 
     def plan_for(self, args) -> Plan:
         key = spec_key(args)
@@ -57,12 +59,14 @@ class RegionRunner:
         return self._general(args)
 
     def _general(self, args):
+        if self.run is not None:  # what the run's earlier members deferred launches first
+            self.run.flush()
         key = spec_key(args)
         plan = self.plans.get(key) or self.plan_for(args)
         out = plan.run(args)
         if not self.fast_tried and plan.settled():  # not while kernels compile in workers
             self.fast_tried = True
-            self.fast = straight_line(plan, key)
+            self.fast = straight_line(plan, key, self.run)
         return out
 
 

@@ -116,10 +116,11 @@ class _Del:
 
 
 class _View:
-    """A line that views a tensor through the reference backend's op (``op``)."""
+    """A line that views a tensor through the reference backend's op (``op``); ``view``:
+    surely a view of a tensor the code allocated (never a copy)."""
 
-    def __init__(self, text: str, op: str, out: str, src: str):
-        self.text, self.op, self.out, self.src = text, op, out, src
+    def __init__(self, text: str, op: str, out: str, src: str, view: bool = False):
+        self.text, self.op, self.out, self.src, self.view = text, op, out, src, view
 
 
 class _Torch:
@@ -143,11 +144,13 @@ class StraightLineWarning(UserWarning):
     this an error, so such a bug fails CI rather than hiding)."""
 
 
-def straight_line(plan, key: tuple):
+def straight_line(plan, key: tuple, run=None):
     """The generated function ``run(args) -> list | None`` for ``plan`` (built for the
-    input strides ``key``, ``plan.spec_key``), or None."""
+    input strides ``key``, ``plan.spec_key``), or None. ``run``: the ``LaunchRun`` the
+    region's calls belong to (``launch_run.py``): graphed code hands it its launches, other
+    code flushes it before launching."""
     try:
-        return _Writer(plan, key).function()
+        return _Writer(plan, key, run).function()
     except _Unfit:
         return None
     except Exception as e:  # noqa: BLE001 - a writer bug must not fail the call
@@ -156,8 +159,8 @@ def straight_line(plan, key: tuple):
 
 
 class _Writer:
-    def __init__(self, plan, key: tuple):
-        self.plan, self.key = plan, key
+    def __init__(self, plan, key: tuple, run=None):
+        self.plan, self.key, self.run = plan, key, run
         self.count = 0
         self.glob = {"empty_strided": torch.empty_strided, "run_nodes": reference.run_nodes, "nan": math.nan,
                      "reinterpret": _reinterpret if _FAST is None else _FAST["reinterpret"],
@@ -165,6 +168,10 @@ class _Writer:
         self.body: list = []  # lines: str (host work), or _Launch, _Del, _View, _Torch
         self.using: list | None = None  # while a launch's operands are written: the names they read
         self.alloc_bytes: dict[str, int] = {}  # a local the code allocates -> its bytes
+        # a local the code allocates, or a view of one -> a meta tensor laid out as it is: a
+        # reshape of it that is a view reads no value, so a launch run may defer the launch
+        # that writes it (``launch_run.py``)
+        self.laid_out: dict[str, torch.Tensor] = {}
         self.alloc_lines: list[int] = []  # where in the body the code allocates
         self.names: dict[int, str] = {}  # value id -> the name (local, argument or global) holding it
         self.owners: dict[str, set] = {}  # a generated local -> the value ids it holds
@@ -286,6 +293,7 @@ class _Writer:
             self.step(step)
             self.free(frees)
         outs = [self.output(oid, strides) for oid, strides in plan.output_recipe]
+        self.conforms = any(o.startswith("conform(") for o in outs)  # may copy, so reads values
         head = ["def run(args):"]
         if params:
             head.append(f"    {', '.join(params)}{',' if len(params) == 1 else ''} = args")
@@ -300,6 +308,8 @@ class _Writer:
             head.append("    if (" + "\n            or ".join(guards) + "):\n        return None")
         if lines is None:
             lines = [line if isinstance(line, str) else line.text for line in self.body]
+            if self.run is not None:
+                lines.insert(0, f"{self.const(self.run.flush, 'flush')}()")  # the run's launches go first
         src = "\n".join(head + ["    " + line for line in lines] + [f"    return [{', '.join(outs)}]"]) + "\n"
         code = compile(src, f"<thunder_fuser {region.name}>", "exec")
         exec(code, self.glob)  # host code only: kernels are CuTe DSL modules, built elsewhere
@@ -336,7 +346,7 @@ class _Writer:
                 deferred += wait
                 if i < last_alloc:  # an allocation after it could have reused the memory
                     held_bytes += sum(self.alloc_bytes.get(n, 0) for n in wait)
-            elif isinstance(line, _View) and ((after and line.op in _MAY_COPY) or line.src in post_made):
+            elif isinstance(line, _View) and ((after and line.op in _MAY_COPY and not line.view) or line.src in post_made):
                 if line.out in launched:  # a launch would read a copy made before it ran
                     return None
                 post.append(line.text)
@@ -347,7 +357,13 @@ class _Writer:
         if held_bytes > GRAPH_DEFER_BYTES:
             return None
         names = list(dict.fromkeys(n for line in launches for n in line.names))
-        rg = self.const(region_graphs.RegionGraphs(name), "graphs")
+        if self.run is not None and not post and not self.conforms:  # the run replays them with its other members'
+            rg = self.const(self.run.defer, "defer")
+            deferred = []  # a ``del`` would unbind what the closure reads when the run launches it
+        else:
+            rg = self.const(region_graphs.RegionGraphs(name), "graphs")
+            if self.run is not None:
+                pre.insert(0, f"{self.const(self.run.flush, 'flush')}()")
         self.key_names = set(names)
         guarded = {self.names[vid] for vid, _, _ in self.checks}  # their pointers: read by the guards
         key = "".join(f"p_{n}, " if n in guarded else f"{n}.data_ptr(), " for n in names)
@@ -483,6 +499,7 @@ class _Writer:
             name = self.local(target)
             shape, strides, dtype = alloc
             self.alloc_bytes[name] = math.prod(shape) * dtype.itemsize
+            self.laid_out[name] = torch.empty_strided(shape, strides, dtype=dtype, device="meta")
             fresh = self.allocation(shape, strides, dtype, k.device)
             donor = self.donor_for(part, segment, alloc, si, k.parts)
             self.alloc_lines.append(len(self.body))
@@ -493,7 +510,11 @@ class _Writer:
                 over = self.name(donor)
                 if tuple(self.meta[donor].shape) != tuple(shape):  # a row-major reshape of it (a loss's rows)
                     over = f"{over}.view({tuple(shape)})"
-                self.body.append(f"{name} = {over} if donated({self.names[donor]}) else {fresh}")
+                d = self.names[donor]
+                # in a launch run, what its pending launches hold of the input is launched first
+                # (``launch_run.LaunchRun.release``)
+                held = f", {self.const(self.run.release, 'release')}({d})" if self.run is not None else ""
+                self.body.append(f"{name} = {over} if donated({d}{held}) else {fresh}")
             if segment_kernel.FILL_NAN and dtype.is_floating_point:
                 self.body.append(f"{name}.fill_(nan)")
             self.fresh[target] = strides
@@ -580,7 +601,7 @@ class _Writer:
                 fn = self.const(reference.REFERENCE_IMPLS[n.op], n.op)
                 rest = "".join(", " + self.const(a, "arg") for a in n.args[1:])
                 out = self.local(id(n.output))
-                self.body.append(_View(f"{out} = {fn}({src}{rest})", n.op, out, src))
+                self.body.append(_View(f"{out} = {fn}({src}{rest})", n.op, out, src, self.surely_view(n, src, out)))
             return
         made = {id(o) for n in nodes for o in n.outputs}
         reads = {id(v): v for n in nodes for v in n.inputs() if id(v) not in made}
@@ -595,6 +616,21 @@ class _Writer:
             name = self.local(vid)
             self.body.append(f"{name} = {env}[{vid}]")
         self.body.append(f"del {env}")
+
+    def surely_view(self, n, src: str, out: str) -> bool:
+        """Is ``n`` a view of the local ``src`` (laid out as the code allocated it), never a
+        copy? Then its line reads no value."""
+        m = self.laid_out.get(src)
+        if m is None:
+            return False
+        try:
+            v = reference.REFERENCE_IMPLS[n.op](m, *n.args[1:])
+        except Exception:  # noqa: BLE001 - unknown: treated as a possible copy
+            return False
+        if not (isinstance(v, torch.Tensor) and v.device.type == "meta" and v._is_view()):
+            return False
+        self.laid_out[out] = v
+        return True
 
     def meta_view(self, n) -> bool:
         """Record the view ``n`` takes, on the meta tensor of its source where that is an
