@@ -17,6 +17,7 @@ from benchmarks.model_zoo import MODELS
 from thunder_fuser.launch_runs import LaunchRuns
 from thunder_fuser.runtime import region_graphs
 from thunder_fuser.runtime.launch_run import LaunchRun
+from test_straight_line import _runners
 
 
 @pytest.fixture
@@ -87,22 +88,16 @@ def test_values_are_eagers_call_after_call_and_the_run_replays_its_graph(stand_i
             pool[shape, strides] = torch.empty_strided(shape, strides or torch.empty(shape).stride(), dtype=dtype)
         return pool[shape, strides]
 
-    from thunder_fuser.runtime import launch_run, straight_line  # noqa: F401
+    from thunder_fuser.runtime import launch_run
 
     monkeypatch.setattr(launch_run, "_empty", lambda shape, dtype, device: fixed(shape, None, dtype=dtype, device=device))
-    for r in _region_runners(jfn):
+    for r in _runners(jfn):
         r.fast.__globals__["empty_strided"] = fixed
     for i in range(4):
         for a in args:
             a.copy_(torch.randn_like(a))
         torch.testing.assert_close(jfn(*args).clone(), mlp(*args))
     assert region_graphs.stats == {"captures": 1, "replays": 3, "failed": 0}
-
-
-def _region_runners(jfn):
-    from thunder_fuser.runtime.region_runner import RegionRunner
-
-    return [v for v in thunder.last_traces(jfn)[-1].python_ctx().values() if isinstance(v, RegionRunner)]
 
 
 def test_a_run_flushes_after_the_del_past_which_it_would_hold_too_much(stand_in, monkeypatch):
@@ -240,7 +235,7 @@ def test_a_region_that_cannot_hand_over_flushes_the_run_before_it_launches(stand
     jfn = _jit(mlp)
     args = _mlp_args()
     torch.testing.assert_close(jfn(*args), mlp(*args))
-    runners = _region_runners(jfn)
+    runners = _runners(jfn)
     assert runners and all(r.run is not None and "defer" in r.fast.source for r in runners)  # handed over since
 
 

@@ -83,12 +83,11 @@ class LaunchRun:
         self.keys, self.parts = [], []
         self.graphs(tuple(keys), Launches(parts))
 
-    def release(self, t) -> int:
+    def release(self, t) -> None:
         """Before a region decides whether to write its output over its dead input ``t``
         (``runtime/donation.py``): where a pending launch holds ``t`` (the trace alone must
         hold it), launch what the run holds if ``t`` is large, so that the region still
-        writes over it; a small one is not written over, and the run goes on. Returns the
-        references held besides the call path's: none.
+        writes over it; a small one is not written over, and the run goes on.
 
         Without this a run would defeat every donation it spans: pythia's loss forward
         writes the logits' gradient (206 MB) over the logits a linear of the run made, and
@@ -103,7 +102,6 @@ class LaunchRun:
             held = True
         if held and t.numel() * t.element_size() >= HELD_BYTES:
             self.flush()
-        return 0
 
     # ---- the torch ops of a run: ATen's out-variants, launched at the flush. Their launches
     # hold the tensors themselves, no view of them: a view would share the storage, and a
@@ -122,16 +120,17 @@ class LaunchRun:
     def linear(self, x, w, bias=None):
         """``torch.nn.functional.linear`` of a contiguous input: ATen flattens it to a
         matrix and calls ``addmm`` with the bias, else ``mm`` (``at::linear``)."""
-        if not x.is_contiguous() or 1 not in w.stride() or (bias is not None and bias.ndim != 1):
+        sw = w.stride()
+        if not x.is_contiguous() or 1 not in sw:  # (the trace pass took only a 1-D bias)
             self.flush()
             return torch.nn.functional.linear(x, w, bias)
         n, k = w.shape
         out = _empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
         if bias is None:
-            self.keys.append((x.data_ptr(), w.data_ptr(), w.stride(), out.data_ptr()))
+            self.keys.append((x.data_ptr(), w.data_ptr(), sw, out.data_ptr()))
             self.parts.append(lambda: _mm(x.view(-1, k), w.t(), out=out.view(-1, n)))
         else:
-            self.keys.append((x.data_ptr(), w.data_ptr(), w.stride(), bias.data_ptr(), bias.stride(), out.data_ptr()))
+            self.keys.append((x.data_ptr(), w.data_ptr(), sw, bias.data_ptr(), bias.stride(), out.data_ptr()))
             self.parts.append(lambda: _addmm(bias, x.view(-1, k), w.t(), out=out.view(-1, n)))
         return out
 

@@ -98,6 +98,17 @@ def _reinterpret(t: torch.Tensor, shape, strides, offset: int) -> torch.Tensor:
 _FAST = _fast_paths()
 
 
+def _view_on_meta(n, m: torch.Tensor) -> torch.Tensor | None:
+    """The view node ``n`` takes of the meta tensor ``m``, or None where it would copy (a
+    reshape copies where the strides do not allow a view) or the op fails on meta."""
+    try:
+        v = reference.REFERENCE_IMPLS[n.op](m, *n.args[1:])
+    except Exception:  # noqa: BLE001 - no meta layout: unknown, as a copy
+        return None
+    ok = isinstance(v, torch.Tensor) and v.device.type == "meta" and v.dtype == m.dtype and v._is_view()
+    return v if ok else None
+
+
 class _Launch:
     """A line of the body that launches a kernel, and the names of the tensors it reads or
     writes (the graph's key, ``region_graphs.py``)."""
@@ -190,6 +201,7 @@ class _Writer:
         self.lazy: dict[int, torch.Tensor] = {}
         self.cuda_device: int | None = None  # the index of the CUDA device ``allocation`` assumes current
         self.graphs_wanted = False  # launches to replay as a graph (``graphed_body``)
+        self.defers = False  # the launches are handed to ``run`` (``graphed_body``)
 
     def const(self, obj, hint: str = "c") -> str:
         name = f"{hint}{len(self.glob)}"
@@ -308,8 +320,8 @@ class _Writer:
             head.append("    if (" + "\n            or ".join(guards) + "):\n        return None")
         if lines is None:
             lines = [line if isinstance(line, str) else line.text for line in self.body]
-            if self.run is not None:
-                lines.insert(0, f"{self.const(self.run.flush, 'flush')}()")  # the run's launches go first
+        if self.run is not None and not self.defers:  # what the run holds launches before this code
+            lines.insert(0, f"{self.const(self.run.flush, 'flush')}()")
         src = "\n".join(head + ["    " + line for line in lines] + [f"    return [{', '.join(outs)}]"]) + "\n"
         code = compile(src, f"<thunder_fuser {region.name}>", "exec")
         exec(code, self.glob)  # host code only: kernels are CuTe DSL modules, built elsewhere
@@ -357,13 +369,12 @@ class _Writer:
         if held_bytes > GRAPH_DEFER_BYTES:
             return None
         names = list(dict.fromkeys(n for line in launches for n in line.names))
-        if self.run is not None and not post and not self.conforms:  # the run replays them with its other members'
+        self.defers = self.run is not None and not post and not self.conforms
+        if self.defers:  # the run replays them with its other members'
             rg = self.const(self.run.defer, "defer")
             deferred = []  # a ``del`` would unbind what the closure reads when the run launches it
         else:
             rg = self.const(region_graphs.RegionGraphs(name), "graphs")
-            if self.run is not None:
-                pre.insert(0, f"{self.const(self.run.flush, 'flush')}()")
         self.key_names = set(names)
         guarded = {self.names[vid] for vid, _, _ in self.checks}  # their pointers: read by the guards
         key = "".join(f"p_{n}, " if n in guarded else f"{n}.data_ptr(), " for n in names)
@@ -511,10 +522,9 @@ class _Writer:
                 if tuple(self.meta[donor].shape) != tuple(shape):  # a row-major reshape of it (a loss's rows)
                     over = f"{over}.view({tuple(shape)})"
                 d = self.names[donor]
-                # in a launch run, what its pending launches hold of the input is launched first
-                # (``launch_run.LaunchRun.release``)
-                held = f", {self.const(self.run.release, 'release')}({d})" if self.run is not None else ""
-                self.body.append(f"{name} = {over} if donated({d}{held}) else {fresh}")
+                if self.run is not None:  # what the run's pending launches hold of it (``LaunchRun.release``)
+                    self.body.append(f"{self.const(self.run.release, 'release')}({d})")
+                self.body.append(f"{name} = {over} if donated({d}) else {fresh}")
             if segment_kernel.FILL_NAN and dtype.is_floating_point:
                 self.body.append(f"{name}.fill_(nan)")
             self.fresh[target] = strides
@@ -621,13 +631,8 @@ class _Writer:
         """Is ``n`` a view of the local ``src`` (laid out as the code allocated it), never a
         copy? Then its line reads no value."""
         m = self.laid_out.get(src)
-        if m is None:
-            return False
-        try:
-            v = reference.REFERENCE_IMPLS[n.op](m, *n.args[1:])
-        except Exception:  # noqa: BLE001 - unknown: treated as a possible copy
-            return False
-        if not (isinstance(v, torch.Tensor) and v.device.type == "meta" and v._is_view()):
+        v = None if m is None else _view_on_meta(n, m)
+        if v is None:
             return False
         self.laid_out[out] = v
         return True
@@ -636,18 +641,12 @@ class _Writer:
         """Record the view ``n`` takes, on the meta tensor of its source where that is an
         argument or a view of one (``self.meta``); False where it has none."""
         src = self.meta.get(id(n.args[0]))
-        if src is None:
+        m = None if src is None else _view_on_meta(n, src)
+        if m is None:
             return False
-        try:
-            m = reference.REFERENCE_IMPLS[n.op](src, *n.args[1:])
-        except Exception:  # noqa: BLE001 - no meta layout: its pointer stays unknown
-            return False
-        # a view, not a copy (a reshape copies where the strides do not allow a view)
-        if isinstance(m, torch.Tensor) and m.device.type == "meta" and m.dtype == src.dtype and m._is_view():
-            self.meta[id(n.output)] = m
-            self.root[id(n.output)] = self.root[id(n.args[0])]
-            return True
-        return False
+        self.meta[id(n.output)] = m
+        self.root[id(n.output)] = self.root[id(n.args[0])]
+        return True
 
     def free(self, frees) -> None:
         gone = []
