@@ -233,15 +233,24 @@ TURN_WARMUP = 2
 def time_interleaved(timers: list, steps: int, batch_size: int, seq: int, rounds: int = ROUNDS) -> None:
     """Each contender's ``step_ms``: the median of its ``steps`` steps, taken in ``rounds``
     turns over all of them (``timers``: ``(result, time_steps)`` pairs), each turn after
-    ``TURN_WARMUP`` untimed steps."""
+    ``TURN_WARMUP`` untimed steps; and ``region_graphs``, the CUDA graph captures and
+    replays in its own turns (the counts are the process's: one contender's are not
+    another's)."""
     times: list[list[float]] = [[] for _ in timers]
+    graphs = [dict.fromkeys(region_graphs.stats, 0) for _ in timers]  # each contender's own turns'
     per_turn = max(1, -(-steps // rounds))
     for _ in range(rounds):
-        for (res, time_steps), ts in zip(timers, times):
+        for (res, time_steps), ts, g in zip(timers, times, graphs):
+            before = dict(region_graphs.stats)
             try:
                 ts.extend(time_steps(TURN_WARMUP + per_turn)[TURN_WARMUP:])
             except Exception as e:  # noqa: BLE001 - reported, the others timed on
                 res["error"] = res["error"] or f"{type(e).__name__}: {str(e)[:400]}"
+            for k in g:
+                g[k] += region_graphs.stats[k] - before[k]
+    for (res, _), g in zip(timers, graphs):
+        if any(g.values()):  # CUDA graphs of regions or launch runs it captured and replayed
+            res["region_graphs"] = g
     for (res, _), ts in zip(timers, times):
         if res["error"] is None and ts:
             res["step_ms"] = round(statistics.median(ts), 3)
@@ -270,12 +279,8 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
         label = run_label(kind, out["contenders"])
         print(f"[{name}] {label} ...", flush=True)
         out["contenders"][label] = run_contender(kind, name, layers, batch_size, seq, ref, tiny, timers)
-    graphs_before = dict(region_graphs.stats)
     try:
         time_interleaved(timers, steps, batch_size, seq)
-        if "thunder+fuser" in out["contenders"]:  # the regions' CUDA graphs over the timed turns
-            out["contenders"]["thunder+fuser"]["region_graphs"] = {
-                k: region_graphs.stats[k] - graphs_before[k] for k in graphs_before}
     finally:
         timers.clear()  # the contenders' models and steps
         gc.collect()
