@@ -21,6 +21,7 @@ import thunder
 from benchmarks.contenders import wrap
 from benchmarks.model_zoo import batch, build
 from benchmarks.models import _step, _zero
+from thunder_fuser.runtime import region_graphs
 
 
 def _frame(frames) -> str:
@@ -66,6 +67,8 @@ def main() -> None:
             _step(fn, idx, targets)
         _zero(built.module)
         torch.cuda.synchronize()
+        print(f"== {a.model} {kind}: after 3 steps {torch.cuda.memory_allocated() / 2**20:.1f} MiB "
+              f"allocated, {torch.cuda.memory_reserved() / 2**20:.1f} MiB reserved; region graphs {region_graphs.stats}")
         torch.cuda.memory._record_memory_history(max_entries=200000, stacks="python")
         _step(fn, idx, targets)
         torch.cuda.synchronize()

@@ -154,11 +154,20 @@ class RegionGraphs:
 
 
 class CudaCapture:
-    """Captures ``launches()`` on a side stream into a graph of its own; TVM-FFI's launch
-    stream (our kernels') follows torch's there."""
+    """Captures ``launches()`` on the side stream every capture shares, into a graph of its
+    own; TVM-FFI's launch stream (our kernels') follows torch's there.
 
-    def __init__(self):
-        self.stream = None
+    One stream, because cuBLAS keeps a workspace per stream (32 MiB on the H100), allocated
+    at a stream's first matmul: a launch run's matmuls (``launch_run.py``) captured on a
+    stream of each run's own kept one workspace per run (pythia-410m on the H100: 14 runs,
+    +451 MiB allocated, and steps 1.4x slower than on one stream). The one stream's
+    workspace is allocated in the pool of the first graph whose capture calls cuBLAS and
+    stays allocated, so later graphs use it too. Each graph keeps a pool of its own: a pool
+    shared by graphs freed in between (one model's, then the next model's) fails torch 2.11's
+    host allocator (``it->second->use_count > 0`` at ``capture_begin``), and our captures
+    allocate nothing else."""
+
+    stream = None
 
     @staticmethod
     def capturing() -> bool:
@@ -170,18 +179,19 @@ class CudaCapture:
     def capture(self, launches, key):
         import tvm_ffi
 
-        if self.stream is None:
-            self.stream = torch.cuda.Stream()
+        if CudaCapture.stream is None:
+            CudaCapture.stream = torch.cuda.Stream()
+        stream = CudaCapture.stream
         graph = torch.cuda.CUDAGraph()
         current = torch.cuda.current_stream()
-        self.stream.wait_stream(current)
-        with tvm_ffi.use_torch_stream(torch.cuda.stream(self.stream)):
+        stream.wait_stream(current)
+        with tvm_ffi.use_torch_stream(torch.cuda.stream(stream)):
             graph.capture_begin(capture_error_mode="thread_local")
             try:
                 launches()
             finally:
                 graph.capture_end()  # raises if the capture was invalidated
-        current.wait_stream(self.stream)
+        current.wait_stream(stream)
         replay = graph.replay
 
         def run(_launches):
