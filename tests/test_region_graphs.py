@@ -206,3 +206,27 @@ def test_training_steps_replay_region_graphs_on_the_gpu(monkeypatch):
     assert region_graphs.stats["failed"] == 0
     assert region_graphs.stats["captures"] > 0 and region_graphs.stats["replays"] > region_graphs.stats["captures"], \
         region_graphs.stats
+
+
+@pytest.mark.cuda
+def test_captures_with_matmuls_share_one_stream_and_its_cublas_workspace(monkeypatch):
+    """cuBLAS allocates a workspace per stream at the stream's first matmul (32 MiB on the
+    H100): the graphs of launch runs (``launch_run.py``), captured on streams of their own,
+    kept one each. On the one capture stream only the first capture may allocate it, and
+    every replay computes the matmul at its pointers."""
+    monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
+    a = torch.randn(256, 256, device="cuda")
+    outs = [torch.empty(256, 256, device="cuda") for _ in range(4)]
+    torch.mm(a, a, out=outs[0])  # the current stream's own workspace
+    torch.cuda.synchronize()
+    grown = []
+    for i, out in enumerate(outs):
+        graphs = region_graphs.RegionGraphs(f"mm{i}")
+        start = torch.cuda.memory_allocated()
+        for _ in range(region_graphs.CAPTURE_AT + 1):
+            out.zero_()
+            graphs((a.data_ptr(), out.data_ptr()), lambda out=out: torch.mm(a, a, out=out))
+            torch.testing.assert_close(out, a @ a, rtol=1e-4, atol=1e-4)
+        grown.append(torch.cuda.memory_allocated() - start)
+    assert region_graphs.stats == {"captures": 4, "replays": 8, "failed": 0}
+    assert grown[1:] == [0, 0, 0], grown
