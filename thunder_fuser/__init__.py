@@ -45,10 +45,8 @@ def transforms(launch_runs: bool | None = None) -> list:
 
     ``launch_runs`` (default: ``THUNDER_FUSER_LAUNCH_RUNS=1``) adds ``LaunchRuns``, which
     replays the launches of region calls and the matmuls between them as one CUDA graph
-    (``launch_runs.py``). It is off by default: on the H100 it made every model measured
-    faster (pythia-410m 0.97x -> 1.12x torch.compile's step), but the capture stream's cuBLAS
-    workspace, 32 MiB once per process, puts pythia's held memory at 1.067x torch.compile's
-    (``benchmarks/results/launch_runs``)."""
+    (``launch_runs.py``). Off by default; why, and what it buys, is in
+    ``runtime/launch_run.py``."""
     import os
 
     from thunder_fuser.prologue import FastPrologue
