@@ -9,7 +9,9 @@ the caller holds it, not in a copy the graph made. ``graphed(step)`` wraps any s
 * inputs whose storage is the same from call to call (parameters, buffers, a KV cache) are
   read and written where they live: their addresses are part of the graph's key, so an
   input at a new address captures another graph and no graph replays over stale pointers.
-  For a ``thunder.jit`` step that includes what the step reads besides its arguments: the
+  "The same" is the same storage object, not only the same address: a token made anew each
+  call often lands on the block its predecessor freed (the allocator hands it back), and
+  taking it for a held input cost a capture at its first move. For a ``thunder.jit`` step that includes what the step reads besides its arguments: the
   tensors thunder's prologue fetches (a module's parameters and buffers, a transformers
   ``StaticCache`` the module holds and swaps for a new one), refetched each call without the
   prologue's checks (``held_tensors.py``). What thunder's prologue only checks and bakes into
@@ -37,6 +39,7 @@ CUDA graphs by default; the tests give a recording stand-in on the CPU.
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -87,6 +90,23 @@ class CudaGraphs:
         return graph.replay, out, torch.cuda.memory_allocated() - before
 
 
+class _Place:
+    """Where an input lives: its storage (by a weak reference, so a freed one is seen as gone
+    even when a new tensor takes over its block) and its address within it."""
+
+    def __init__(self, t: torch.Tensor):
+        self.ptr = t.data_ptr()
+        try:
+            self.storage = weakref.ref(t.untyped_storage())
+        except TypeError:  # a storage without weak references: the address alone
+            self.storage = None
+
+    def holds(self, t: torch.Tensor) -> bool:
+        if t.data_ptr() != self.ptr:
+            return False
+        return self.storage is None or self.storage() is t.untyped_storage()
+
+
 class _Graph:
     def __init__(self, replay, outputs, static: dict, nbytes: int):
         self.replay, self.outputs, self.static, self.nbytes = replay, outputs, static, nbytes
@@ -100,7 +120,7 @@ class GraphedStep:
         self.warmup = warmup
         self.calls = 0
         self.graphs: dict = {}
-        self.addresses: dict[int, int] = {}  # flat index -> data_ptr, while its address holds still
+        self.places: dict[int, _Place] = {}  # flat index -> its storage and address, while they hold still
         self.moves: dict[int, int] = {}  # flat index -> how often an input read in place moved
         self.ungraphed: dict = {}  # key -> why that call runs without a graph
         self.held: dict = {}  # key of the arguments -> HeldTensors of a thunder step
@@ -116,7 +136,7 @@ class GraphedStep:
         tensors = {i: t for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
         self.calls += 1
         if self.calls <= self.warmup or self.queued_last:
-            self._note_addresses(tensors)
+            self._note_places(tensors)
             before = cache.stats["queued"]
             out = self.step(*args, **kwargs)
             # kernels still compiling in workers: the next call runs as it is too, building them
@@ -170,34 +190,34 @@ class GraphedStep:
             tensors[i].copy_(buf)
         return tree_unflatten([o.clone() if isinstance(o, torch.Tensor) else o for o in g.outputs[0]], g.outputs[1])
 
-    def _note_addresses(self, tensors: dict) -> None:
+    def _note_places(self, tensors: dict) -> None:
         for i, t in tensors.items():
-            seen = self.addresses.get(i)
+            seen = self.places.get(i)
             if seen is None and self.calls == 1:
-                self.addresses[i] = t.data_ptr()
-            elif seen is not None and seen != t.data_ptr():
-                del self.addresses[i]
+                self.places[i] = _Place(t)
+            elif seen is not None and not seen.holds(t):
+                del self.places[i]
 
     def _note_moves(self, tensors: dict) -> None:
         """An input read in place that moves: once (a cache handed over anew) it captures
-        another graph; a second time it is taken to move from call to call (a token that
-        kept its address through the warm-up by chance), and goes through a static buffer
-        from then on, so that graphs stay few."""
+        another graph; a second time it is taken to move from call to call (a cache given as
+        a new view each call), and goes through a static buffer from then on, so that graphs
+        stay few."""
         for i, t in tensors.items():
-            at = self.addresses.get(i)
-            if at is not None and at != t.data_ptr():
+            at = self.places.get(i)
+            if at is not None and not at.holds(t):
                 self.moves[i] = self.moves.get(i, 0) + 1
                 if self.moves[i] > 1:
-                    del self.addresses[i]
+                    del self.places[i]
                 else:
-                    self.addresses[i] = t.data_ptr()
+                    self.places[i] = _Place(t)
 
     def _fixed(self, tensors: dict) -> set:
         """The inputs read where they live: kept their address through the warm-up, share
         storage with another input (a copy would break the aliasing), or overlap themselves."""
         # an input whose elements share memory (an expanded mask) cannot be copied into a
         # buffer of its strides, nor written: read where it lives too
-        fixed = {i for i, t in tensors.items() if i in self.addresses or torch._debug_has_internal_overlap(t) != 0}
+        fixed = {i for i, t in tensors.items() if i in self.places or torch._debug_has_internal_overlap(t) != 0}
         storages: dict = {}
         for i, t in tensors.items():
             storages.setdefault(t.untyped_storage().data_ptr(), []).append(i)
