@@ -90,6 +90,75 @@ class _Recording:
         return replay
 
 
+class _Graph:
+    """A captured graph whose end the tests can see (a weak reference dies with it)."""
+
+    def __init__(self, key):
+        self.key = key
+
+    def __call__(self, now):
+        now()
+
+
+class _RecordingMatmuls(_Recording):
+    """A backend whose graphs share one cuBLAS stream: they retire (``Retirement``)."""
+
+    def __init__(self, retirement):
+        super().__init__()
+        self.retirement = retirement
+
+    def capture(self, launches, key):
+        super().capture(launches, key)
+        return _Graph(key)
+
+
+def test_graphs_on_a_cublas_stream_retire_and_end_all_at_once(monkeypatch):
+    """A replaced graph of a launch run lives on (torch's ``CUDAGraph.reset`` would drop the
+    cuBLAS workspace every other graph of its stream still uses) until ``RETIRED_MAX`` are
+    kept; then, before the next capture, every graph of that stream ends, the other
+    regions' too, and the region goes on capturing."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(region_graphs, "CAPTURE_AT", 1)
+    monkeypatch.setattr(region_graphs, "MAX_GRAPHS", 2)
+    monkeypatch.setattr(region_graphs, "RETIRED_MAX", 3)
+    retirement = region_graphs.Retirement()
+    a = region_graphs.RegionGraphs("a", _RecordingMatmuls(retirement))
+    b = region_graphs.RegionGraphs("b", _RecordingMatmuls(retirement))
+    b(("b",), lambda: None)
+    alive = {}
+    for key in range(4):  # keys 0 and 1 replaced, and kept
+        a((key,), lambda: None)
+        alive[key] = weakref.ref(a.graphs[(key,)][0])
+    alive["b"] = weakref.ref(b.graphs[("b",)][0])
+    gc.collect()
+    assert all(r() is not None for r in alive.values()) and len(retirement.retired) == 2
+    a((4,), lambda: None)  # replaces key 2, the third kept: every graph ends before this capture
+    gc.collect()
+    assert [k for k, r in alive.items() if r() is not None] == [] and not retirement.retired
+    assert list(a.graphs) == [(4,)] and not b.graphs
+    ran = []
+    b(("b",), lambda: ran.append(1))  # captured anew
+    assert ran == [1] and list(b.graphs) == [("b",)]
+
+
+def test_a_region_ending_with_its_model_retires_its_graphs_on_a_cublas_stream(monkeypatch):
+    """Another model's runs may still replay over the stream's workspace: the graphs of a
+    region that is collected are kept, not ended."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(region_graphs, "CAPTURE_AT", 1)
+    retirement = region_graphs.Retirement()
+    a = region_graphs.RegionGraphs("a", _RecordingMatmuls(retirement))
+    a((1,), lambda: None)
+    graph = weakref.ref(a.graphs[(1,)][0])
+    del a
+    gc.collect()
+    assert graph() is not None and retirement.retired == [graph()] and not retirement.owners
+
+
 def test_a_failed_capture_launches_once_and_that_key_is_not_tried_again():
     g = region_graphs.RegionGraphs("r", _Recording(fail=True))
     ran = []
@@ -212,8 +281,8 @@ def test_training_steps_replay_region_graphs_on_the_gpu(monkeypatch):
 def test_captures_with_matmuls_share_one_stream_and_its_cublas_workspace(monkeypatch):
     """cuBLAS allocates a workspace per stream at the stream's first matmul (32 MiB on the
     H100): the graphs of launch runs (``launch_run.py``), captured on streams of their own,
-    kept one each. On the one capture stream only the first capture may allocate it, and
-    every replay computes the matmul at its pointers."""
+    kept one each. On the one matmul capture stream only the first capture may allocate it,
+    and every replay computes the matmul at its pointers."""
     monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
     a = torch.randn(256, 256, device="cuda")
     outs = [torch.empty(256, 256, device="cuda") for _ in range(4)]
@@ -221,7 +290,7 @@ def test_captures_with_matmuls_share_one_stream_and_its_cublas_workspace(monkeyp
     torch.cuda.synchronize()
     grown = []
     for i, out in enumerate(outs):
-        graphs = region_graphs.RegionGraphs(f"mm{i}")
+        graphs = region_graphs.RegionGraphs(f"mm{i}", matmuls=True)
         start = torch.cuda.memory_allocated()
         for _ in range(region_graphs.CAPTURE_AT + 1):
             out.zero_()
@@ -230,3 +299,38 @@ def test_captures_with_matmuls_share_one_stream_and_its_cublas_workspace(monkeyp
         grown.append(torch.cuda.memory_allocated() - start)
     assert region_graphs.stats == {"captures": 4, "replays": 8, "failed": 0}
     assert grown[1:] == [0, 0, 0], grown
+
+
+@pytest.mark.cuda
+def test_a_replaced_matmul_graph_leaves_the_others_their_cublas_workspace(monkeypatch):
+    """torch's ``CUDAGraph.reset`` drops the cuBLAS workspaces of the stream it captured on
+    (pytorch#175276), which other graphs captured there still use (pytorch#193402): a
+    launch run's graph replaced or collected must leave them a workspace no other tensor
+    takes. A matmul of a long inner dimension (cuBLAS splits it, through the workspace) is
+    captured by two regions; the first region's graphs go, the allocator's cache is
+    emptied and refilled with a pattern, and the second region's replays must still be
+    right and leave the pattern alone."""
+    import gc
+
+    monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
+    a, b = torch.randn(64, 1 << 16, device="cuda"), torch.randn(1 << 16, 64, device="cuda")
+    outs = [torch.empty(64, 64, device="cuda") for _ in range(2)]
+    first = region_graphs.RegionGraphs("first", matmuls=True)
+    second = region_graphs.RegionGraphs("second", matmuls=True)
+    for graphs, out in zip((first, second), outs):
+        for _ in range(region_graphs.CAPTURE_AT + 1):
+            graphs((a.data_ptr(), b.data_ptr(), out.data_ptr()), lambda out=out: torch.mm(a, b, out=out))
+    assert region_graphs.stats["captures"] == 2, region_graphs.stats
+    del first
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    pattern = torch.full((64 << 20,), 7.0, device="cuda")  # 256 MiB over whatever was freed
+    want = a @ b
+    for _ in range(3):
+        outs[1].zero_()
+        second((a.data_ptr(), b.data_ptr(), outs[1].data_ptr()), lambda: torch.mm(a, b, out=outs[1]))
+        torch.cuda.synchronize()
+        torch.testing.assert_close(outs[1], want, rtol=1e-3, atol=1e-2)
+    assert bool((pattern == 7.0).all())
+    assert region_graphs.stats["replays"] >= 5, region_graphs.stats

@@ -27,7 +27,7 @@ the flush (``launch_runs`` ends a run where that would pass ``HELD_BYTES``; ``re
 
 Off by default (``thunder_fuser.transforms``): on the H100 runs made all four models
 measured faster (pythia-410m 0.97x -> 1.12x torch.compile's step), but the capture stream's
-cuBLAS workspace (32 MiB, once per process; ``region_graphs.CudaCapture``) puts pythia's
+cuBLAS workspace (32 MiB, once per process; ``region_graphs.MatmulCapture``) puts pythia's
 held memory at 1.067x torch.compile's.
 """
 
@@ -65,7 +65,7 @@ class LaunchRun:
 
     def __init__(self, name: str):
         self.name = name
-        self.graphs = RegionGraphs(name)
+        self.graphs = RegionGraphs(name, matmuls=True)
         self.keys: list = []
         self.parts: list = []
 

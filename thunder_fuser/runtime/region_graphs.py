@@ -47,6 +47,7 @@ key, which is what keeps a real replay correct.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 
@@ -58,6 +59,7 @@ MAX_GRAPHS = 8  # graphs kept per generated function: a new one replaces the old
 USEFUL = 2  # replays after its capture that make a replaced graph worth its capture
 MAX_WASTED = 16  # graphs replaced before they were useful, per generated function, before it stops capturing
 MAX_SIGHTED = 64  # keys counted per generated function before the count starts anew
+RETIRED_MAX = 256  # graphs replaced on a cuBLAS stream kept alive before all of its graphs go at once
 
 stats = {"captures": 0, "replays": 0, "failed": 0}
 _suspended = [0]  # > 0 inside a whole-step capture (``graphs.py``)
@@ -102,13 +104,18 @@ class RegionGraphs:
     """The graphs of one generated function: ``self(key, launches)`` replays the graph of
     ``key`` or runs ``launches()`` (capturing it once the key has been seen often enough)."""
 
-    def __init__(self, name: str, backend=None):
+    def __init__(self, name: str, backend=None, matmuls: bool = False):
+        """``matmuls``: the launches call cuBLAS (a launch run's), so their graphs capture
+        on ``MatmulCapture``'s stream and retire rather than die one by one."""
         self.name = name
-        self.backend = backend or (StandIn() if STAND_IN else CudaCapture())
+        self.backend = backend or (StandIn() if STAND_IN else MatmulCapture() if matmuls else CudaCapture())
         self.graphs: dict = {}
         self.sighted: dict = {}
         self.refused: set = set()
         self.wasted = 0  # graphs replaced before they were useful
+        self.retirement = getattr(self.backend, "retirement", None)
+        if self.retirement is not None:
+            self.retirement.adopt(self)
 
     def __call__(self, key: tuple, launches) -> None:
         g = self.graphs.get(key)  # [replay, replays since the capture]
@@ -137,6 +144,13 @@ class RegionGraphs:
             launches()
             return
         self.sighted.pop(key, None)
+        if len(self.graphs) >= MAX_GRAPHS:  # before the capture: a retirement may end every graph
+            oldest = self.graphs.pop(next(iter(self.graphs)))
+            self.wasted += oldest[1] < USEFUL
+            if self.retirement is not None:
+                self.retirement.retire(oldest[0])
+        if self.retirement is not None:
+            self.retirement.make_room()
         try:
             g = self.backend.capture(launches, key)
         except Exception:  # noqa: BLE001 - a region that cannot be captured launches as before
@@ -145,26 +159,18 @@ class RegionGraphs:
             launches()
             return
         stats["captures"] += 1
-        if len(self.graphs) >= MAX_GRAPHS:
-            oldest = self.graphs.pop(next(iter(self.graphs)))
-            self.wasted += oldest[1] < USEFUL
         self.graphs[key] = [g, 0]
         g(launches)
         stats["replays"] += 1
 
 
 class CudaCapture:
-    """Captures ``launches()`` on the side stream every capture shares, into a graph of its
-    own; TVM-FFI's launch stream (our kernels') follows torch's there.
-
-    One stream, because cuBLAS keeps a workspace per stream (32 MiB on the H100), allocated
-    at a stream's first matmul: a launch run's matmuls (``launch_run.py``) captured on a
-    stream of each run's own kept one workspace per run (pythia-410m on the H100: 14 runs,
-    +451 MiB allocated, and steps 1.4x slower than on one stream). The one stream's
-    workspace is allocated in the pool of the first graph whose capture calls cuBLAS and
-    stays allocated, so later graphs use it too. Each graph keeps a pool of its own: a pool
-    shared by graphs freed in between (one model's, then the next model's) fails torch 2.11's
-    host allocator (``it->second->use_count > 0`` at ``capture_begin``), and our captures
+    """Captures ``launches()`` on the side stream every plain region's capture shares, into a
+    graph of its own; TVM-FFI's launch stream (our kernels') follows torch's there. Plain
+    regions launch CuTe DSL kernels only, so their stream never gets a cuBLAS workspace and
+    their graphs may die one by one. Each graph keeps a pool of its own: a pool shared by
+    graphs freed in between (one model's, then the next model's) fails torch 2.11's host
+    allocator (``it->second->use_count > 0`` at ``capture_begin``), and our captures
     allocate nothing else."""
 
     stream = None
@@ -179,18 +185,23 @@ class CudaCapture:
     def capture(self, launches, key):
         import tvm_ffi
 
-        if CudaCapture.stream is None:
-            CudaCapture.stream = torch.cuda.Stream()
-        stream = CudaCapture.stream
+        cls = type(self)
+        if cls.stream is None:
+            cls.stream = torch.cuda.Stream()
+        stream = cls.stream
         graph = torch.cuda.CUDAGraph()
         current = torch.cuda.current_stream()
         stream.wait_stream(current)
-        with tvm_ffi.use_torch_stream(torch.cuda.stream(stream)):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                launches()
-            finally:
-                graph.capture_end()  # raises if the capture was invalidated
+        try:
+            with tvm_ffi.use_torch_stream(torch.cuda.stream(stream)):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    launches()
+                finally:
+                    graph.capture_end()  # raises if the capture was invalidated
+        except BaseException:
+            self.failed(graph)
+            raise
         current.wait_stream(stream)
         replay = graph.replay
 
@@ -199,6 +210,65 @@ class CudaCapture:
 
         run.graph = graph  # the graph lives as long as its replay
         return run
+
+    def failed(self, graph) -> None:
+        """A graph whose capture failed: let it go."""
+
+
+class Retirement:
+    """Graphs that share one stream's cuBLAS workspace, destroyed only all together.
+
+    A graph that calls cuBLAS keeps the address of its stream's workspace, which cuBLAS
+    allocates at the stream's first matmul (32 MiB on the H100) and torch caches per stream.
+    torch's ``CUDAGraph.reset`` (also its destructor) drops the workspaces cached for the
+    stream it captured on (pytorch#175276, ``clearCublasWorkspacesForStream``), though other
+    live graphs captured there still use them: freed, and once the pool that holds it is
+    released, handed to other tensors, which those graphs' replays then overwrite (the
+    crash of pytorch#193402). So a replaced graph is kept here (a launch run's graph holds
+    no memory of its own: its outputs are allocated before its capture), and when
+    ``RETIRED_MAX`` are kept, before the next capture, every graph of the stream goes at
+    once: the workspace is then nobody's, and the next capture allocates another. A region
+    whose graphs die with their model retires them too (a finalizer), since another
+    model's may live on."""
+
+    def __init__(self):
+        self.retired: list = []
+        self.owners = weakref.WeakSet()
+
+    def adopt(self, owner: RegionGraphs) -> None:
+        self.owners.add(owner)
+        weakref.finalize(owner, _retire_all, self.retired, owner.graphs)
+
+    def retire(self, graph) -> None:
+        self.retired.append(graph)
+
+    def make_room(self) -> None:
+        """Before a capture: with ``RETIRED_MAX`` kept, end every graph of the stream."""
+        if len(self.retired) < RETIRED_MAX:
+            return
+        for owner in list(self.owners):
+            owner.graphs.clear()
+        self.retired.clear()
+
+
+def _retire_all(retired: list, graphs: dict) -> None:
+    retired.extend(g[0] for g in graphs.values())
+    graphs.clear()
+
+
+class MatmulCapture(CudaCapture):
+    """``CudaCapture`` on a stream of its own for launches that call cuBLAS (a launch run's
+    matmuls, ``launch_run.py``): one stream, so one workspace for all of them (on a stream
+    per run, pythia-410m kept 14 of 32 MiB each on the H100, and its steps ran 1.4x slower);
+    not the plain regions' stream, so that their graphs die freely; its graphs retire
+    (``Retirement``)."""
+
+    stream = None
+    retirement = Retirement()
+
+    def failed(self, graph) -> None:
+        """A failed capture may have met the workspace too: it retires as well."""
+        self.retirement.retire(graph)
 
 
 class StandIn:
