@@ -96,15 +96,24 @@ class _Place:
 
     def __init__(self, t: torch.Tensor):
         self.ptr = t.data_ptr()
-        try:
-            self.storage = weakref.ref(t.untyped_storage())
-        except TypeError:  # a storage without weak references: the address alone
-            self.storage = None
+        storage = _storage(t)
+        self.storage = None if storage is None else weakref.ref(storage)
 
     def holds(self, t: torch.Tensor) -> bool:
         if t.data_ptr() != self.ptr:
             return False
-        return self.storage is None or self.storage() is t.untyped_storage()
+        return self.storage is None or self.storage() is _storage(t)
+
+
+def _storage(t: torch.Tensor):
+    """``t``'s storage, or None where it has none to weakly refer to (the address alone
+    then says where it lives)."""
+    try:
+        storage = t.untyped_storage()
+        weakref.ref(storage)
+    except (TypeError, RuntimeError, NotImplementedError):
+        return None
+    return storage
 
 
 class _Graph:
