@@ -18,7 +18,8 @@ first step runs on the reference backend while worker processes compile its kern
 
 Step time is timed last, with every contender of the model alive: ``ROUNDS`` turns over
 the contenders, each turn ``TURN_WARMUP`` untimed steps then ``--steps / ROUNDS`` steps
-between CUDA events, and the median of a contender's steps. A lent host's speed drifts by tens of percent within a minute (one
+between CUDA events, and the median of a contender's steps; then each contender's step is
+checked against eager's once more (``check_after_turns``). A lent host's speed drifts by tens of percent within a minute (one
 H100 host, pythia's step, consecutive 30-step medians: thunder + fuser 4.73 then 3.57 ms,
 torch.compile 3.13 then 3.71), and a host-bound step follows it; timed one contender after
 the other, a ratio was the drift's. Interleaved, each contender meets the same host.
@@ -136,6 +137,29 @@ def _device_and_dtype(tiny: bool):
     return ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
 
 
+def _fresh_step(fn, module, idx, targets):
+    """A step's loss from gradients zeroed before it."""
+    _zero(module)
+    loss = _step(fn, idx, targets)
+    _sync()
+    return loss
+
+
+def check_after_turns(checks: list) -> None:
+    """Each contender's step against eager's again, after its timed turns: those turns
+    move the caching allocator's blocks, so CUDA graphs keyed on pointers are captured anew
+    and replaced (``runtime/region_graphs.py``), which the first check, a few steps in,
+    never saw. A wrong result here is the contender's error."""
+    for res, check in checks:
+        if res["error"] is None:
+            try:
+                bad = check()
+            except Exception as e:  # noqa: BLE001 - reported as the contender's error
+                bad = f"{type(e).__name__}: {str(e)[:400]}"
+            if bad:
+                res["error"] = f"wrong result after the timed turns: {bad}"
+
+
 def _time_steps(fn, module, idx, targets, steps: int) -> list[float]:
     times = []
     for _ in range(steps):
@@ -154,10 +178,12 @@ def _time_steps(fn, module, idx, targets, steps: int) -> list[float]:
     return times
 
 
-def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, ref, tiny=False, timers=None) -> dict:
+def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, ref, tiny=False, timers=None,
+                  checks=None) -> dict:
     """One contender's checks, first calls, memory and profile. Its step, for the timing
     that follows (``time_interleaved``), goes to ``timers`` (label-less: the caller names
-    it), the contender kept alive until then."""
+    it), the contender kept alive until then; to ``checks``, its step checked against
+    eager's once more after the timing (``check_after_turns``)."""
     device, dtype = _device_and_dtype(tiny)
     others = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0  # contenders kept for timing
     built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
@@ -210,6 +236,8 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
                                   if "fuser" in w.category.__module__ or "Kernel" in w.category.__name__})
         if timers is not None:
             timers.append((res, lambda n: _time_steps(fn, module, idx, targets, n)))
+        if checks is not None:
+            checks.append((res, lambda: _check(module, _fresh_step(fn, module, idx, targets), ref["loss"], ref["grads"])))
     except Exception as e:  # noqa: BLE001 - a failing contender is reported, never dropped
         res["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         traceback.print_exc()
@@ -275,14 +303,17 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
         torch.cuda.empty_cache()
     out = {"name": name, "config": config, "contenders": {}}
     timers: list = []
+    checks: list = []
     for kind in contenders:
         label = run_label(kind, out["contenders"])
         print(f"[{name}] {label} ...", flush=True)
-        out["contenders"][label] = run_contender(kind, name, layers, batch_size, seq, ref, tiny, timers)
+        out["contenders"][label] = run_contender(kind, name, layers, batch_size, seq, ref, tiny, timers, checks)
     try:
         time_interleaved(timers, steps, batch_size, seq)
+        check_after_turns(checks)
     finally:
         timers.clear()  # the contenders' models and steps
+        checks.clear()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -51,6 +51,24 @@ def test_segments_on_the_reference_backend_are_reported(tmp_path):
     assert "Segments of thunder+fuser that ran on the reference backend: none." in report.markdown(doc)
 
 
+def test_a_step_gone_wrong_during_the_timed_turns_is_the_contenders_error():
+    """After the timing each contender's step is checked against eager's again: a wrong
+    result, or a step that raises, becomes its error; a contender that failed earlier keeps
+    its first error, and is not stepped again."""
+    from benchmarks.models import check_after_turns
+
+    ran = []
+    right, wrong, raising, failed = ({"error": None}, {"error": None}, {"error": None},
+                                     {"error": "wrong result: loss 1.0 against eager's 2.0"})
+    checks = [(right, lambda: ran.append("right")), (wrong, lambda: "gradient of w off by 1.00e+00"),
+              (raising, lambda: 1 / 0), (failed, lambda: ran.append("failed"))]
+    check_after_turns(checks)
+    assert right["error"] is None and ran == ["right"]
+    assert wrong["error"] == "wrong result after the timed turns: gradient of w off by 1.00e+00"
+    assert raising["error"] == "wrong result after the timed turns: ZeroDivisionError: division by zero"
+    assert failed["error"] == "wrong result: loss 1.0 against eager's 2.0"
+
+
 def test_the_model_benchmark_writes_the_schema_other_tools_read(tmp_path, monkeypatch):
     """``benchmarks.models`` on the CPU (tiny models: the harness's smoke test) and its merge:
     ``models.json`` as issue 30 specifies it, ``models.md`` with every contender's row, a
