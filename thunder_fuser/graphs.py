@@ -58,7 +58,15 @@ class GraphWarning(UserWarning):
 
 class CudaGraphs:
     """Captures with ``torch.cuda.graph`` into one private pool, with TVM-FFI's launch stream
-    (our kernels') set to the capture stream too."""
+    (our kernels') set to the capture stream too.
+
+    That stream is torch's one default capture stream, whose cuBLAS workspace every graph
+    captured on it uses, and which torch drops when any of them is destroyed
+    (``runtime/region_graphs.Retirement`` says how, and keeps launch runs clear of it). Here
+    that is harmless while one graphed step's graphs live and die together: the workspace
+    goes back into this pool, where only this step's next captures take it. Not guarded:
+    one graphed step dropped, then the allocator's cache emptied, while another graphed
+    step (or another library's graph) captured on that stream still replays."""
 
     def __init__(self):
         self.pool = None
