@@ -173,7 +173,7 @@ class CudaCapture:
     allocator (``it->second->use_count > 0`` at ``capture_begin``), and our captures
     allocate nothing else."""
 
-    stream = None
+    streams: dict = {}  # device index -> this kind's capture stream there
 
     @staticmethod
     def capturing() -> bool:
@@ -185,10 +185,11 @@ class CudaCapture:
     def capture(self, launches, key):
         import tvm_ffi
 
-        cls = type(self)
-        if cls.stream is None:
-            cls.stream = torch.cuda.Stream()
-        stream = cls.stream
+        streams = type(self).streams
+        device = torch.cuda.current_device()
+        stream = streams.get(device)
+        if stream is None:
+            stream = streams[device] = torch.cuda.Stream(device)
         graph = torch.cuda.CUDAGraph()
         current = torch.cuda.current_stream()
         stream.wait_stream(current)
@@ -263,7 +264,7 @@ class MatmulCapture(CudaCapture):
     not the plain regions' stream, so that their graphs die freely; its graphs retire
     (``Retirement``)."""
 
-    stream = None
+    streams: dict = {}
     retirement = Retirement()
 
     def failed(self, graph) -> None:
