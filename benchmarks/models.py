@@ -19,12 +19,16 @@ first step runs on the reference backend while worker processes compile its kern
 Step time is timed last, with every contender of the model alive: ``ROUNDS`` turns over
 the contenders, each turn ``TURN_WARMUP`` untimed steps then ``--steps / ROUNDS`` steps
 between CUDA events, and the median of a contender's steps; then each contender's step is
-checked against eager's once more (``check_after_turns``). A lent host's speed drifts by tens of percent within a minute (one
-H100 host, pythia's step, consecutive 30-step medians: thunder + fuser 4.73 then 3.57 ms,
-torch.compile 3.13 then 3.71), and a host-bound step follows it; timed one contender after
-the other, a ratio was the drift's. Interleaved, each contender meets the same host.
+checked against eager's once more (``check_after_turns``). A lent host's speed drifts by
+tens of percent within a minute (one H100 host, pythia's step, consecutive 30-step medians:
+thunder + fuser 4.73 then 3.57 ms, torch.compile 3.13 then 3.71), and a host-bound step
+follows it; timed one contender after the other, a ratio was the drift's. Interleaved, each
+contender meets the same host.
 
-Each run writes ``models-<model>.json`` under ``--out``; ``--merge`` joins them into
+Several models run one after the other, each in a process of its own (``--one-process``: all
+in this one), so that what a process allocates once counts in every model's memory and
+every model's first calls meet cold caches. Each run writes ``models-<model>.json`` under
+``--out``; ``--merge`` joins them into
 ``models.json`` (``{"device", "models": [{"name", "config", "contenders": {NAME: {"step_ms",
 "tokens_per_s", "peak_GiB", "held_GiB", "first_call_s", "kernels_per_step", "fallbacks",
 "error"}}}]}``), ``models.md`` and ``models.png``.
@@ -351,6 +355,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=30, help="timed steps per contender, in turns (ROUNDS)")
     ap.add_argument("--tiny", action="store_true", help="tiny configs (the CPU smoke test)")
+    ap.add_argument("--one-process", action="store_true",
+                    help="all models in this process (default: a process of its own for each of several models)")
     ap.add_argument("--warm-first-call", metavar="MODEL", help="(internal) print the warm first call of MODEL")
     ap.add_argument("--merge", nargs="*", metavar="DIR", help="join the runs' JSON files into --results")
     ap.add_argument("--results", default="benchmarks/results")
@@ -364,13 +370,17 @@ def main(argv=None) -> None:
         print("WARM", warm_first_call(a.warm_first_call, a.layers, a.batch, a.seq, a.tiny))
         return
     os.makedirs(a.out, exist_ok=True)
+    names = [m for m in a.models.split(",") if m]
+    if len(names) > 1 and not a.one_process:
+        _process_per_model(a, names)
+        return
     cache = tempfile.mkdtemp(prefix="fuser_cache_")
     os.environ["THUNDER_FUSER_CACHE"] = cache  # a cold kernel cache for this process's first calls
     # and cold caches for torch.compile's too (Inductor's and Triton's), so that first calls compare
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_")
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_")
     contenders = [c for c in a.contenders.split(",") if c]
-    for name in [m for m in a.models.split(",") if m]:
+    for name in names:
         r = run_model(name, contenders, a.layers, a.batch, a.seq, a.steps, a.tiny)
         fuser = r["contenders"].get("thunder+fuser")
         if fuser is not None and fuser.get("error") is None:
@@ -384,9 +394,28 @@ def main(argv=None) -> None:
         r["device"] = _device()
         with open(os.path.join(a.out, f"models-{name}.json"), "w") as f:
             json.dump(r, f, indent=1)
+    _print_table(a.out, names)
+
+
+def _process_per_model(a, names: list) -> None:
+    """Each model in a process of its own, one after the other: what a process allocates
+    once (a capture stream's cuBLAS workspace, ``runtime/region_graphs.py``) then counts in
+    every model's memory, each model's first calls meet cold caches, and a model whose
+    process dies leaves the others' results."""
+    for name in names:
+        argv = ["--out", a.out, "--models", name, "--contenders", a.contenders, "--layers", str(a.layers),
+                "--batch", str(a.batch), "--seq", str(a.seq), "--steps", str(a.steps)] + (["--tiny"] if a.tiny else [])
+        rc = subprocess.run([sys.executable, "-m", "benchmarks.models", *argv]).returncode
+        if rc:
+            print(f"[{name}] its process exited with {rc}", flush=True)
+    _print_table(a.out, names)
+
+
+def _print_table(out: str, names: list) -> None:
     from benchmarks.models_report import table
 
-    print(table([json.load(open(os.path.join(a.out, f"models-{n}.json"))) for n in a.models.split(",") if n]))
+    paths = [os.path.join(out, f"models-{n}.json") for n in names]
+    print(table([json.load(open(p)) for p in paths if os.path.exists(p)]))
 
 
 if __name__ == "__main__":

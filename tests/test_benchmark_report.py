@@ -129,3 +129,32 @@ def test_a_decode_contender_named_twice_keeps_both_runs(tmp_path):
     runs = json.loads((tmp_path / "decode.json").read_text())["contenders"]
     assert list(runs) == ["eager", "eager #2"]
     assert runs["eager #2"]["error"] is None and runs["eager #2"]["cache_rel_err"] == 0.0
+
+
+def test_several_models_run_each_in_a_process_of_its_own(tmp_path, monkeypatch, capsys):
+    """What a process allocates once (a capture stream's cuBLAS workspace) counts in every
+    model's memory only if each model has a process of its own; a model whose process dies
+    leaves the others' results, and says so."""
+    import subprocess
+    import types
+
+    from benchmarks import models
+
+    runs = []
+
+    def run(cmd, **kwargs):
+        argv = cmd[3:]
+        runs.append(argv)
+        name = argv[argv.index("--models") + 1]
+        if name == "b":  # its process dies: nothing written
+            return types.SimpleNamespace(returncode=-11)
+        (tmp_path / f"models-{name}.json").write_text(json.dumps(
+            {"name": name, "config": {}, "contenders": {"eager": {"step_ms": 1.0, "error": None}}}))
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    models.main(["--out", str(tmp_path), "--models", "a,b", "--contenders", "eager,thunder+fuser", "--tiny"])
+    assert [r[r.index("--models") + 1] for r in runs] == ["a", "b"]
+    assert all(r[r.index("--contenders") + 1] == "eager,thunder+fuser" and "--tiny" in r for r in runs)
+    out = capsys.readouterr().out
+    assert "[b] its process exited with -11" in out and "| a | eager |" in out and "| b |" not in out
