@@ -11,10 +11,11 @@ the caller holds it, not in a copy the graph made. ``graphed(step)`` wraps any s
   input at a new address captures another graph and no graph replays over stale pointers.
   "The same" is the same storage object, not only the same address: a token made anew each
   call often lands on the block its predecessor freed (the allocator hands it back), and
-  taking it for a held input cost a capture at its first move. For a ``thunder.jit`` step that includes what the step reads besides its arguments: the
-  tensors thunder's prologue fetches (a module's parameters and buffers, a transformers
-  ``StaticCache`` the module holds and swaps for a new one), refetched each call without the
-  prologue's checks (``held_tensors.py``). What thunder's prologue only checks and bakes into
+  taking it for a held input cost a capture at its first move. For a ``thunder.jit`` step
+  that includes what the step reads besides its arguments: the tensors thunder's prologue
+  fetches (a module's parameters and buffers, a transformers ``StaticCache`` the module
+  holds and swaps for a new one), refetched each call without the prologue's checks
+  (``held_tensors.py``). What thunder's prologue only checks and bakes into
   its trace (``module.training``, a config value) is not rechecked on a replay: a graphed
   step is for a module whose settings stay as they were at capture. Of any other step only
   the arguments are seen;
@@ -217,9 +218,9 @@ class GraphedStep:
 
     def _note_moves(self, tensors: dict) -> None:
         """An input read in place that moves: once (a cache handed over anew) it captures
-        another graph; a second time it is taken to move from call to call (a cache given as
-        a new view each call), and goes through a static buffer from then on, so that graphs
-        stay few."""
+        another graph; a second time it is taken to move from call to call (an input held
+        through the warm-up, made anew at each call since), and goes through a static buffer
+        from then on, so that graphs stay few."""
         for i, t in tensors.items():
             at = self.places.get(i)
             if at is not None and not at.holds(t):
