@@ -109,9 +109,15 @@ class _Place:
         self.storage = None if storage is None else weakref.ref(storage)
 
     def holds(self, t: torch.Tensor) -> bool:
+        """(each call, for each input read in place: no weak reference made here)"""
         if t.data_ptr() != self.ptr:
             return False
-        return self.storage is None or self.storage() is _storage(t)
+        if self.storage is None:
+            return True
+        try:
+            return self.storage() is t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # another kind of tensor at this argument
+            return False
 
 
 def _storage(t: torch.Tensor):
