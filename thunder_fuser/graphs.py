@@ -105,8 +105,10 @@ class _Place:
 
     def __init__(self, t: torch.Tensor):
         self.ptr = t.data_ptr()
-        storage = _storage(t)
-        self.storage = None if storage is None else weakref.ref(storage)
+        try:
+            self.storage = weakref.ref(t.untyped_storage())
+        except (TypeError, RuntimeError, NotImplementedError):  # no storage to refer to: the address alone
+            self.storage = None
 
     def holds(self, t: torch.Tensor) -> bool:
         """(each call, for each input read in place: no weak reference made here)"""
@@ -118,17 +120,6 @@ class _Place:
             return self.storage() is t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # another kind of tensor at this argument
             return False
-
-
-def _storage(t: torch.Tensor):
-    """``t``'s storage, or None where it has none to weakly refer to (the address alone
-    then says where it lives)."""
-    try:
-        storage = t.untyped_storage()
-        weakref.ref(storage)
-    except (TypeError, RuntimeError, NotImplementedError):
-        return None
-    return storage
 
 
 class _Graph:
