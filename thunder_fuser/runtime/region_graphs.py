@@ -149,8 +149,6 @@ class RegionGraphs:
             self.wasted += oldest[1] < USEFUL
             if self.retirement is not None:
                 self.retirement.retire(oldest[0])
-        if self.retirement is not None:
-            self.retirement.make_room()
         try:
             g = self.backend.capture(launches, key)
         except Exception:  # noqa: BLE001 - a region that cannot be captured launches as before
@@ -226,10 +224,11 @@ class Retirement:
     live graphs captured there still use them: freed, and once the pool that holds it is
     released, handed to other tensors, which those graphs' replays then overwrite (the
     crash of pytorch#193402). So a replaced graph is kept here (a launch run's graph holds
-    no memory of its own: its outputs are allocated before its capture), and when
-    ``RETIRED_MAX`` are kept, before the next capture, every graph of the stream goes at
-    once: the workspace is then nobody's, and the next capture allocates another. A region
-    whose graphs die with their model retires them too (a finalizer), since another
+    no memory of its own: its outputs are allocated before its capture), and the
+    retirement that brings the count to ``RETIRED_MAX`` (made before a capture) ends every
+    graph of the stream at once: the workspace is then nobody's, and the next capture
+    allocates another. A region whose graphs die with their model retires them too (a
+    finalizer, which ends nothing: they count at the next retirement), since another
     model's may live on."""
 
     def __init__(self):
@@ -241,10 +240,10 @@ class Retirement:
         weakref.finalize(owner, _retire_all, self.retired, owner.graphs)
 
     def retire(self, graph) -> None:
+        """Keep ``graph``; with ``RETIRED_MAX`` kept, end every graph of the stream. Called
+        before a capture or after a failed one, never while a new graph waits to join its
+        region's."""
         self.retired.append(graph)
-
-    def make_room(self) -> None:
-        """Before a capture: with ``RETIRED_MAX`` kept, end every graph of the stream."""
         if len(self.retired) < RETIRED_MAX:
             return
         for owner in list(self.owners):
