@@ -27,10 +27,11 @@ def thunder_executors(kind: str) -> list | None:
 
 def thunder_transforms(kind: str) -> list | None:
     """The transforms of a thunder contender: thunder + fuser's (``thunder_fuser.transforms()``,
-    as the README recommends; ``... launch-runs``: with ``LaunchRuns``), none for the others."""
+    as the README recommends, launch runs included; ``... no-launch-runs``: without
+    ``LaunchRuns``), none for the others."""
     if not kind.startswith("thunder+fuser"):
         return None
-    return thunder_fuser.transforms(launch_runs=kind.endswith("launch-runs"))
+    return thunder_fuser.transforms(launch_runs=False if kind.endswith("no-launch-runs") else None)
 
 
 def run_label(kind: str, taken) -> str:
@@ -47,8 +48,8 @@ def wrap(kind: str, fn):
     """``fn`` as contender ``kind`` runs it: eager, torch.compile (``... reduce-overhead``:
     with its CUDA graphs), thunder, thunder+torchcompile, thunder+fuser (``... graphed``:
     replayed by ``thunder_fuser.graphed``; ``... no-region-graphs``: each region's launches
-    made plainly, not replayed as a graph; ``... launch-runs``: region calls and the
-    matmuls between them replayed as one graph, ``launch_runs.py``)."""
+    made plainly, not replayed as a graph; ``... no-launch-runs``: region calls and the
+    matmuls between them not replayed as one graph, ``launch_runs.py``)."""
     if kind == "eager":
         return fn
     if kind == "torch.compile":

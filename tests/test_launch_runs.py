@@ -152,16 +152,19 @@ def test_a_dead_input_the_runs_launches_hold_is_written_over_once_launched_if_la
     assert flushes == ([1, 2] * 2 if held == 0 else [3] * 2)
 
 
-def test_runs_are_made_only_where_asked_for(stand_in, monkeypatch):
-    """Off by default (``thunder_fuser.transforms``); ``THUNDER_FUSER_LAUNCH_RUNS=1`` or
-    ``transforms(launch_runs=True)`` turns them on."""
+def test_runs_are_made_unless_turned_off(stand_in, monkeypatch):
+    """On by default (``thunder_fuser.transforms``); ``THUNDER_FUSER_LAUNCH_RUNS=0`` or
+    ``transforms(launch_runs=False)`` turns them off."""
     args = _mlp_args()
-    monkeypatch.delenv("THUNDER_FUSER_LAUNCH_RUNS", raising=False)
-    for env, made in (("", False), ("1", True)):
-        monkeypatch.setenv("THUNDER_FUSER_LAUNCH_RUNS", env)
+    for env, made in ((None, True), ("", True), ("1", True), ("0", False)):
+        if env is None:
+            monkeypatch.delenv("THUNDER_FUSER_LAUNCH_RUNS", raising=False)
+        else:
+            monkeypatch.setenv("THUNDER_FUSER_LAUNCH_RUNS", env)
         jfn = thunder.jit(mlp, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
         torch.testing.assert_close(jfn(*args), mlp(*args))
-        assert ("run0_flush" in str(thunder.last_traces(jfn)[-1])) == made
+        assert ("run0_flush" in str(thunder.last_traces(jfn)[-1])) == made, env
+    monkeypatch.delenv("THUNDER_FUSER_LAUNCH_RUNS", raising=False)
     assert not any(isinstance(t, LaunchRuns) for t in thunder_fuser.transforms(launch_runs=False))
 
 

@@ -41,18 +41,19 @@ def executors() -> list:
 
 def transforms(launch_runs: bool | None = None) -> list:
     """The transforms a model runs with: ``FastPrologue`` checks thunder's inputs in one
-    call (``prologue.py``). ``thunder.jit(model, executors=executors(), transforms=transforms())``.
+    call (``prologue.py``), and ``LaunchRuns`` replays the launches of region calls and the
+    matmuls between them as one CUDA graph (``launch_runs.py``; on a CUDA trace only).
+    ``thunder.jit(model, executors=executors(), transforms=transforms())``.
 
-    ``launch_runs`` (default: ``THUNDER_FUSER_LAUNCH_RUNS=1``) adds ``LaunchRuns``, which
-    replays the launches of region calls and the matmuls between them as one CUDA graph
-    (``launch_runs.py``). Off by default; why, and what it buys, is in
+    ``launch_runs`` (default: on, unless ``THUNDER_FUSER_LAUNCH_RUNS=0``): what runs buy
+    and what they cost (one cuBLAS workspace per process, 32 MiB on the H100) is in
     ``runtime/launch_run.py``."""
     import os
 
     from thunder_fuser.prologue import FastPrologue
 
     if launch_runs is None:
-        launch_runs = os.environ.get("THUNDER_FUSER_LAUNCH_RUNS", "") == "1"
+        launch_runs = os.environ.get("THUNDER_FUSER_LAUNCH_RUNS", "1") != "0"
     if not launch_runs:
         return [FastPrologue()]
     from thunder_fuser.launch_runs import LaunchRuns

@@ -1,7 +1,7 @@
 """The trace pass that groups region calls and the matmuls between them into launch runs.
 
-``LaunchRuns`` is a thunder transform (``thunder_fuser.transforms(launch_runs=True)``, or
-``THUNDER_FUSER_LAUNCH_RUNS=1``; off by default, see ``transforms``). After thunder has
+``LaunchRuns`` is a thunder transform, one of ``thunder_fuser.transforms()`` unless
+``launch_runs=False`` or ``THUNDER_FUSER_LAUNCH_RUNS=0``. After thunder has
 optimized a computation or backward trace (dels placed), it finds each maximal run of calls
 that launch kernels without reading a value on the host: our region calls, ``linear``,
 ``matmul`` of two matrices, with views (``permute``, ``reshape``) and ``del`` between them.
