@@ -7,8 +7,7 @@ Per model (``benchmarks/model_zoo.py``) and contender, in one process: build the
 bf16, take one step (forward with the loss, backward) and check the loss and every gradient
 against eager's; read the memory held between steps (allocated after a step, with its
 gradients: parameters and gradients are what every contender keeps; other contenders'
-memory, kept for the timing, subtracted; ``held_reserved_GiB``, what the allocator keeps
-reserved then, private graph pools included) and its peak, one step under torch.profiler (GPU
+memory, kept for the timing, subtracted) and its peak, one step under torch.profiler (GPU
 kernels per step, copies among them, the heaviest kernels), and for thunder + fuser the
 segments on the reference backend and every warning a step raised. ``first_call_s`` is the
 first step's wall time, tracing and compiling included, with a cold kernel cache (fuser:
@@ -136,18 +135,6 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def _reserved() -> int:
-    """What the caching allocator keeps from the device once its free blocks are returned:
-    what is allocated, rounded to its segments, and the private pools of live CUDA graphs.
-    ``memory_allocated`` misses a pool's blocks that a graph's replays write without
-    allocating (torch.compile reduce-overhead's tensors live there), so a graph-based
-    contender's held memory is read here too."""
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return torch.cuda.memory_reserved()
-
-
 def _device_and_dtype(tiny: bool):
     """bf16 on the GPU; on a machine without one (CI's smoke test of this harness), the
     tiny models in fp32 on the CPU."""
@@ -203,7 +190,6 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
     eager's once more after the timing (``check_after_turns``)."""
     device, dtype = _device_and_dtype(tiny)
     others = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0  # contenders kept for timing
-    others_reserved = _reserved() if torch.cuda.is_available() else 0
     built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
     module = built.module
     module.load_state_dict(ref["state"])
@@ -239,7 +225,6 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
             torch.cuda.synchronize()
             # after a step, with its gradients
             res["held_GiB"] = round((torch.cuda.memory_allocated() - others) / GiB, 3)
-            res["held_reserved_GiB"] = round((_reserved() - others_reserved) / GiB, 3)
             _zero(module)
             gc.collect()
             torch.cuda.reset_peak_memory_stats()

@@ -46,7 +46,7 @@ def _cell(r: dict, key: str, fmt: str = "{}") -> str:
 
 
 def table(models: list[dict]) -> str:
-    rows = ["| model | contender | step ms | x torch.compile | GPU ms | tokens/s | held GiB (reserved) | peak GiB | first call s "
+    rows = ["| model | contender | step ms | x torch.compile | GPU ms | tokens/s | held GiB | peak GiB | first call s "
             "(warm cache) | second call s | kernels/step | copies | fallbacks | error |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for m in models:
@@ -61,7 +61,7 @@ def table(models: list[dict]) -> str:
             shown = f"{kind} (earlier run)" if r.get("earlier_run") else kind
             rows.append(f"| {m['name']} | {shown} | {_cell(r, 'step_ms')} | {ratio} | {_cell(r, 'gpu_ms')} | "
                         f"{_cell(r, 'tokens_per_s')} | "
-                        f"{_cell(r, 'held_GiB')}{_cell(r, 'held_reserved_GiB', ' ({})')} | {_cell(r, 'peak_GiB')} | {first} | {_cell(r, 'second_call_s')} | "
+                        f"{_cell(r, 'held_GiB')} | {_cell(r, 'peak_GiB')} | {first} | {_cell(r, 'second_call_s')} | "
                         f"{_cell(r, 'kernels_per_step')} | "
                         f"{_cell(r, 'copies_per_step')} | {fb} | {err} |")
     return "\n".join(rows)
