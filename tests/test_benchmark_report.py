@@ -69,6 +69,25 @@ def test_a_step_gone_wrong_during_the_timed_turns_is_the_contenders_error():
     assert failed["error"] == "wrong result: loss 1.0 against eager's 2.0"
 
 
+def test_memory_is_read_once_a_step_captures_no_graph(monkeypatch):
+    """A contender's first graph with a matmul allocates its capture stream's cuBLAS
+    workspace, which the training loop then holds: memory read before the captures end
+    missed it. Two steps after the first, then until a step captures nothing."""
+    from benchmarks import models
+    from thunder_fuser.runtime import region_graphs
+
+    monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
+    for capturing, steps in ((0, 2), (3, 4), (100, models.SETTLE_MAX)):
+        ran = []
+
+        def step():
+            ran.append(1)
+            region_graphs.stats["captures"] += len(ran) <= capturing
+            return len(ran)
+
+        assert models.settle(step)[0] == steps and len(ran) == steps
+
+
 def test_the_model_benchmark_writes_the_schema_other_tools_read(tmp_path, monkeypatch):
     """``benchmarks.models`` on the CPU (tiny models: the harness's smoke test) and its merge:
     ``models.json`` as issue 30 specifies it, ``models.md`` with every contender's row, a
