@@ -285,3 +285,31 @@ def test_training_steps_replay_launch_runs_on_the_gpu(monkeypatch):
     for (name, p), q in zip(ours.module.named_parameters(), ref.module.parameters()):
         err = ((p.grad.float() - q.grad.float()).norm() / (q.grad.float().norm() + 1e-12)).item()
         assert err < 3e-2, f"gradient of {name} off by {err:.2e} after replays"
+
+
+@pytest.mark.cuda
+def test_a_loop_that_keeps_its_losses_replays_the_runs(monkeypatch):
+    """Runs are on by default, so a training loop as users write it must replay them: the
+    README's demo keeps each step's loss (``losses.append(loss.item())``, and ``loss`` still
+    names the last one while the next step runs), and sets gradients to None. A run's graph
+    is keyed on all its members' pointers: a loop whose allocations never settle captures
+    graphs it never replays, and its runs launch plainly, slower than regions' own graphs."""
+    from benchmarks.model_zoo import batch
+    from test_models import _models
+
+    monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
+    ours, ref = _models("pythia-410m", "cuda", torch.bfloat16)
+    idx, targets = batch(ours, 2, 32, "cuda")
+    want = ref.module(idx, targets)
+    jfn = thunder.jit(ours.module, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
+    losses = []
+    for _ in range(12):
+        for p in ours.module.parameters():
+            p.grad = None
+        loss = jfn(idx, targets)
+        loss.backward()
+        losses.append(loss.item())
+    assert "run0_flush" in str(thunder.last_traces(jfn)[-1])
+    assert region_graphs.stats["failed"] == 0
+    assert region_graphs.stats["replays"] > 2 * region_graphs.stats["captures"] > 0, region_graphs.stats
+    assert abs(losses[-1] - want.item()) < 3e-2 * max(1.0, abs(want.item()))
