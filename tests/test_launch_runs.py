@@ -293,7 +293,8 @@ def test_a_loop_that_keeps_its_losses_replays_the_runs(monkeypatch):
     README's demo keeps each step's loss (``losses.append(loss.item())``, and ``loss`` still
     names the last one while the next step runs), and sets gradients to None. A run's graph
     is keyed on all its members' pointers: a loop whose allocations never settle captures
-    graphs it never replays, and its runs launch plainly, slower than regions' own graphs."""
+    graphs it never replays, and its regions fall back to their own graphs (no faster than
+    without runs)."""
     from benchmarks.model_zoo import batch
     from test_models import _models
 
@@ -313,3 +314,36 @@ def test_a_loop_that_keeps_its_losses_replays_the_runs(monkeypatch):
     assert region_graphs.stats["failed"] == 0
     assert region_graphs.stats["replays"] > 2 * region_graphs.stats["captures"] > 0, region_graphs.stats
     assert abs(losses[-1] - want.item()) < 3e-2 * max(1.0, abs(want.item()))
+
+
+def test_a_run_whose_graph_is_not_replayed_launches_its_regions_through_their_own_graphs(stand_in, monkeypatch):
+    """A run's graph is keyed on all its members' pointers: where those never settle (a
+    loop whose allocations drift) it is not replayed, and each region member replays its
+    own graph, keyed on its own pointers, as outside a run; the linears launch plainly."""
+    jfn = _jit(mlp)
+    args = _mlp_args()
+    jfn(*args)  # the regions' code is written after their first call
+    runs = {v.__self__ for v in thunder.last_traces(jfn)[-1].python_ctx().values()
+            if isinstance(getattr(v, "__self__", None), LaunchRun)}
+    assert len(runs) == 1
+    for run in runs:  # as a run that gave up capturing (``MAX_WASTED`` graphs never useful)
+        run.graphs.wasted = region_graphs.MAX_WASTED
+    pool: dict = {}
+
+    def fixed(shape, strides=None, *, dtype, device):  # the regions' own pointers stay put
+        shape = tuple(shape)
+        if (shape, strides) not in pool:
+            pool[shape, strides] = torch.empty_strided(shape, strides or torch.empty(shape).stride(), dtype=dtype)
+        return pool[shape, strides]
+
+    from thunder_fuser.runtime import launch_run
+
+    monkeypatch.setattr(launch_run, "_empty", lambda shape, dtype, device: fixed(shape, None, dtype=dtype, device=device))
+    for r in _runners(jfn):
+        r.fast.__globals__["empty_strided"] = fixed
+    for i in range(4):
+        for a in args:
+            a.copy_(torch.randn_like(a))
+        torch.testing.assert_close(jfn(*args).clone(), mlp(*args))
+    # fuser0 and fuser1: seen, captured (and replayed), replayed twice
+    assert region_graphs.stats == {"captures": 2, "replays": 6, "failed": 0}

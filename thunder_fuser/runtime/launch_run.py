@@ -12,7 +12,8 @@ host work at once (guards, allocations, views) and hands its launches and the po
 touch to the run (``defer``) instead of launching; the run's ``flush``, written before the
 first call after the run that is not one of these, replays the launches of all of them as
 one graph keyed on all their pointers (``region_graphs.RegionGraphs``: captured at a key's
-second sighting, any other key launched plainly, in order). A matmul here allocates its
+second sighting; any other key launched in order, each region member through its own
+graph, ``Launches``). A matmul here allocates its
 output as ATen would (contiguous) and launches ATen's own out-variant (``mm``, ``addmm``
 with the bias, as ``linear`` does for a contiguous input), so the values are ATen's.
 
@@ -49,16 +50,30 @@ _empty = torch.empty
 
 class Launches:
     """The deferred launches of one flush, in order (``parts``: what the tests' stand-in
-    checks against the key)."""
+    checks against the key).
 
-    __slots__ = ("parts",)
+    Called when the run's graph is not replayed: inside its capture (or another graph's,
+    a whole-step capture) every part launches plainly, into that graph; otherwise (a key
+    seen for the first time, or a run whose keys never settle, as when a loop's allocations
+    drift) a region member replays its own graph (``owns``: its ``RegionGraphs``, keyed on
+    its own pointers, ``keys``) as it would outside a run, so a run is never slower than its
+    regions' graphs."""
 
-    def __init__(self, parts: list):
-        self.parts = parts
+    __slots__ = ("parts", "keys", "owns", "backend")
+
+    def __init__(self, parts: list, keys: list, owns: list, backend):
+        self.parts, self.keys, self.owns, self.backend = parts, keys, owns, backend
 
     def __call__(self) -> None:
-        for launch in self.parts:
-            launch()
+        if self.backend.capturing():
+            for launch in self.parts:
+                launch()
+            return
+        for launch, key, own in zip(self.parts, self.keys, self.owns):
+            if own is None:
+                launch()
+            else:
+                own(key, launch)
 
 
 class LaunchRun:
@@ -69,21 +84,23 @@ class LaunchRun:
         self.graphs = RegionGraphs(name, matmuls=True)
         self.keys: list = []
         self.parts: list = []
+        self.owns: list = []  # a region member's own graphs, None for a matmul
 
     def begin(self) -> None:
         if self.parts:  # a call that raised inside the run: its launches are not wanted
-            self.keys, self.parts = [], []
+            self.keys, self.parts, self.owns = [], [], []
 
-    def defer(self, key: tuple, launches) -> None:
+    def defer(self, key: tuple, launches, own=None) -> None:
         self.keys.append(key)
         self.parts.append(launches)
+        self.owns.append(own)
 
     def flush(self) -> None:
         if not self.parts:
             return
-        keys, parts = self.keys, self.parts
-        self.keys, self.parts = [], []
-        self.graphs(tuple(keys), Launches(parts))
+        keys, parts, owns = self.keys, self.parts, self.owns
+        self.keys, self.parts, self.owns = [], [], []
+        self.graphs(tuple(keys), Launches(parts, keys, owns, self.graphs.backend))
 
     def release(self, t) -> None:
         """Before a region decides whether to write its output over its dead input ``t``
@@ -115,8 +132,7 @@ class LaunchRun:
             self.flush()
             return torch.matmul(a, b)
         out = _empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-        self.keys.append((a.data_ptr(), sa, b.data_ptr(), sb, out.data_ptr()))
-        self.parts.append(lambda: _mm(a, b, out=out))
+        self.defer((a.data_ptr(), sa, b.data_ptr(), sb, out.data_ptr()), lambda: _mm(a, b, out=out))
         return out
 
     def linear(self, x, w, bias=None):
@@ -129,11 +145,11 @@ class LaunchRun:
         n, k = w.shape
         out = _empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
         if bias is None:
-            self.keys.append((x.data_ptr(), w.data_ptr(), sw, out.data_ptr()))
-            self.parts.append(lambda: _mm(x.view(-1, k), w.t(), out=out.view(-1, n)))
+            self.defer((x.data_ptr(), w.data_ptr(), sw, out.data_ptr()),
+                       lambda: _mm(x.view(-1, k), w.t(), out=out.view(-1, n)))
         else:
-            self.keys.append((x.data_ptr(), w.data_ptr(), sw, bias.data_ptr(), bias.stride(), out.data_ptr()))
-            self.parts.append(lambda: _addmm(bias, x.view(-1, k), w.t(), out=out.view(-1, n)))
+            self.defer((x.data_ptr(), w.data_ptr(), sw, bias.data_ptr(), bias.stride(), out.data_ptr()),
+                       lambda: _addmm(bias, x.view(-1, k), w.t(), out=out.view(-1, n)))
         return out
 
     def reshape(self, a, shape):

@@ -273,18 +273,26 @@ class MatmulCapture(CudaCapture):
 
 class StandIn:
     """The tests' graph: checks that every tensor the launches read lies at a pointer of the
-    key (a real replay would read whatever lies at the captured pointers), then launches."""
+    key (a real replay would read whatever lies at the captured pointers), then launches.
+    While it launches, it counts as a capture in progress (``capturing``): a real graph's
+    launches were recorded plainly into it, and no graph nested in them replays."""
+
+    running = [0]  # stand-in graphs launching now
 
     @staticmethod
     def capturing() -> bool:
-        return False
+        return StandIn.running[0] > 0
 
     def capture(self, launches, key):
         self.check(launches, key)
 
         def run(now):
             self.check(now, key)
-            now()
+            StandIn.running[0] += 1
+            try:
+                now()
+            finally:
+                StandIn.running[0] -= 1
 
         return run
 

@@ -370,16 +370,17 @@ class _Writer:
             return None
         names = list(dict.fromkeys(n for line in launches for n in line.names))
         self.defers = self.run is not None and not post and not self.conforms
-        if self.defers:  # the run replays them with its other members'
+        own = self.const(region_graphs.RegionGraphs(name), "graphs")
+        if self.defers:  # the run replays them with its other members', or, at its miss, ``own``
             rg = self.const(self.run.defer, "defer")
             deferred = []  # a ``del`` would unbind what the closure reads when the run launches it
         else:
-            rg = self.const(region_graphs.RegionGraphs(name), "graphs")
+            rg = own
         self.key_names = set(names)
         guarded = {self.names[vid] for vid, _, _ in self.checks}  # their pointers: read by the guards
         key = "".join(f"p_{n}, " if n in guarded else f"{n}.data_ptr(), " for n in names)
         return (pre + [f"key = ({key})", "def launches():"] + ["    " + line.text for line in launches]
-                + [f"{rg}(key, launches)"] + post
+                + [f"{rg}(key, launches, {own})" if self.defers else f"{rg}(key, launches)"] + post
                 + ([f"del {', '.join(dict.fromkeys(deferred))}"] if deferred else []))
 
     # ---- steps --------------------------------------------------------------------------
