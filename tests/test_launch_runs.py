@@ -54,6 +54,33 @@ def _calls(jfn) -> list[str]:
     return [ln.split("  #")[0] for ln in lines if ln and not ln.startswith("#")]
 
 
+def _fixed_pointers(jfn, monkeypatch) -> None:
+    """Every allocation of ``jfn``'s regions and runs at a fixed place, one tensor per shape,
+    as a steady CUDA step allocates: the same pointers each call."""
+    from thunder_fuser.runtime import launch_run
+
+    pool: dict = {}
+
+    def fixed(shape, strides=None, *, dtype, device):
+        shape = tuple(shape)
+        if (shape, strides) not in pool:
+            pool[shape, strides] = torch.empty_strided(shape, strides or torch.empty(shape).stride(), dtype=dtype)
+        return pool[shape, strides]
+
+    monkeypatch.setattr(launch_run, "_empty", lambda shape, dtype, device: fixed(shape, None, dtype=dtype, device=device))
+    for r in _runners(jfn):
+        r.fast.__globals__["empty_strided"] = fixed
+
+
+def _fresh_calls_match_eager(jfn, args, calls: int = 4) -> None:
+    """``calls`` calls of ``jfn`` (``mlp`` jitted), each on fresh values in ``args``' tensors,
+    against eager."""
+    for _ in range(calls):
+        for a in args:
+            a.copy_(torch.randn_like(a))
+        torch.testing.assert_close(jfn(*args).clone(), mlp(*args))
+
+
 def test_the_trace_shows_the_run_its_members_and_the_flush(stand_in):
     jfn, calls = _mlp_calls()
     assert calls == [
@@ -80,23 +107,8 @@ def test_values_are_eagers_call_after_call_and_the_run_replays_its_graph(stand_i
     jfn = _jit(mlp)
     args = _mlp_args()
     jfn(*args)  # the regions' code is written after their first call
-    pool: dict = {}
-
-    def fixed(shape, strides=None, *, dtype, device):  # one tensor per shape: the same pointer each call
-        shape = tuple(shape)
-        if (shape, strides) not in pool:
-            pool[shape, strides] = torch.empty_strided(shape, strides or torch.empty(shape).stride(), dtype=dtype)
-        return pool[shape, strides]
-
-    from thunder_fuser.runtime import launch_run
-
-    monkeypatch.setattr(launch_run, "_empty", lambda shape, dtype, device: fixed(shape, None, dtype=dtype, device=device))
-    for r in _runners(jfn):
-        r.fast.__globals__["empty_strided"] = fixed
-    for i in range(4):
-        for a in args:
-            a.copy_(torch.randn_like(a))
-        torch.testing.assert_close(jfn(*args).clone(), mlp(*args))
+    _fixed_pointers(jfn, monkeypatch)
+    _fresh_calls_match_eager(jfn, args)
     assert region_graphs.stats == {"captures": 1, "replays": 3, "failed": 0}
 
 
@@ -328,22 +340,7 @@ def test_a_run_whose_graph_is_not_replayed_launches_its_regions_through_their_ow
     assert len(runs) == 1
     for run in runs:  # as a run that gave up capturing (``MAX_WASTED`` graphs never useful)
         run.graphs.wasted = region_graphs.MAX_WASTED
-    pool: dict = {}
-
-    def fixed(shape, strides=None, *, dtype, device):  # the regions' own pointers stay put
-        shape = tuple(shape)
-        if (shape, strides) not in pool:
-            pool[shape, strides] = torch.empty_strided(shape, strides or torch.empty(shape).stride(), dtype=dtype)
-        return pool[shape, strides]
-
-    from thunder_fuser.runtime import launch_run
-
-    monkeypatch.setattr(launch_run, "_empty", lambda shape, dtype, device: fixed(shape, None, dtype=dtype, device=device))
-    for r in _runners(jfn):
-        r.fast.__globals__["empty_strided"] = fixed
-    for i in range(4):
-        for a in args:
-            a.copy_(torch.randn_like(a))
-        torch.testing.assert_close(jfn(*args).clone(), mlp(*args))
+    _fixed_pointers(jfn, monkeypatch)
+    _fresh_calls_match_eager(jfn, args)
     # fuser0 and fuser1: seen, captured (and replayed), replayed twice
     assert region_graphs.stats == {"captures": 2, "replays": 6, "failed": 0}
