@@ -7,7 +7,8 @@ Per model (``benchmarks/model_zoo.py``) and contender, in one process: build the
 bf16, take one step (forward with the loss, backward) and check the loss and every gradient
 against eager's; read the memory held between steps (allocated after a step, with its
 gradients: parameters and gradients are what every contender keeps; other contenders'
-memory, kept for the timing, subtracted) and its peak, one step under torch.profiler (GPU
+memory, kept for the timing, subtracted; ``held_with_pools_GiB``, the CUDA graph pools it
+made counted whole) and its peak, one step under torch.profiler (GPU
 kernels per step, copies among them, the heaviest kernels), and for thunder + fuser the
 segments on the reference backend and every warning a step raised. ``first_call_s`` is the
 first step's wall time, tracing and compiling included, with a cold kernel cache (fuser:
@@ -186,6 +187,27 @@ def _time_steps(fn, module, idx, targets, steps: int) -> list[float]:
     return times
 
 
+def graph_pools(snapshot: list) -> dict:
+    """The private pools of CUDA graphs in ``torch.cuda.memory_snapshot()``: pool id ->
+    (bytes of its segments, bytes allocated in them)."""
+    pools: dict = {}
+    for seg in snapshot:
+        pool = tuple(seg.get("segment_pool_id") or (0, 0))
+        if pool != (0, 0):
+            reserved, allocated = pools.get(pool, (0, 0))
+            pools[pool] = (reserved + seg["total_size"], allocated + seg["allocated_size"])
+    return pools
+
+
+def with_pools(held: int, before: dict, now: dict) -> int:
+    """``held`` with the graph pools made since ``before`` read whole: a pool's memory is a
+    graph's for as long as the graph lives, and ``memory_allocated`` misses what a replay
+    writes there without allocating (torch.compile reduce-overhead's outputs and gradients;
+    its held figure fell below the parameters it keeps)."""
+    new = [v for pool, v in now.items() if pool not in before]
+    return held - sum(a for _, a in new) + sum(r for r, _ in new)
+
+
 def settle(step):
     """Untimed steps after the first, until memory is read: two, then more until a step
     captures no CUDA graph (``SETTLE_MAX`` in all at most). Returns the last step's loss and
@@ -210,7 +232,12 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
     it), the contender kept alive until then; to ``checks``, its step checked against
     eager's once more after the timing (``check_after_turns``)."""
     device, dtype = _device_and_dtype(tiny)
-    others = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0  # contenders kept for timing
+    pools_before: dict = {}
+    others = 0
+    if torch.cuda.is_available():  # contenders kept for timing (their garbage collected first)
+        gc.collect()
+        others = torch.cuda.memory_allocated()
+        pools_before = graph_pools(torch.cuda.memory_snapshot())
     built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
     module = built.module
     module.load_state_dict(ref["state"])
@@ -240,7 +267,10 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
             gc.collect()
             torch.cuda.synchronize()
             # after a step, with its gradients
-            res["held_GiB"] = round((torch.cuda.memory_allocated() - others) / GiB, 3)
+            held = torch.cuda.memory_allocated() - others
+            res["held_GiB"] = round(held / GiB, 3)
+            res["held_with_pools_GiB"] = round(
+                with_pools(held, pools_before, graph_pools(torch.cuda.memory_snapshot())) / GiB, 3)
             _zero(module)
             gc.collect()
             torch.cuda.reset_peak_memory_stats()

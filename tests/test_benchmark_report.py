@@ -88,6 +88,29 @@ def test_memory_is_read_once_a_step_captures_no_graph(monkeypatch):
         assert models.settle(step)[0] == steps and len(ran) == steps
 
 
+def test_held_memory_reads_a_contenders_graph_pools_whole():
+    """A CUDA graph's pool is its own while the graph lives, and torch.compile
+    reduce-overhead's replays write outputs and gradients there without allocating: the
+    pools a contender made count with all their segments, its allocations in them once,
+    and pools that were there before (another contender's) not at all."""
+    from benchmarks.models import graph_pools, with_pools
+    from benchmarks.models_report import table
+
+    MiB = 1 << 20
+    snapshot = [{"segment_pool_id": (0, 0), "total_size": 20 * MiB, "allocated_size": 12 * MiB},
+                {"segment_pool_id": (1, 5), "total_size": 40 * MiB, "allocated_size": 32 * MiB},
+                {"segment_pool_id": (1, 7), "total_size": 60 * MiB, "allocated_size": 2 * MiB},
+                {"segment_pool_id": (1, 7), "total_size": 2 * MiB, "allocated_size": 0}]
+    pools = graph_pools(snapshot)
+    assert pools == {(1, 5): (40 * MiB, 32 * MiB), (1, 7): (62 * MiB, 2 * MiB)}
+    assert with_pools(100 * MiB, {(1, 5): (40 * MiB, 32 * MiB)}, pools) == 160 * MiB
+    assert with_pools(100 * MiB, pools, pools) == 100 * MiB
+    row = {"step_ms": 1.0, "held_GiB": 0.143, "held_with_pools_GiB": 0.9}
+    same = {"step_ms": 1.0, "held_GiB": 0.478, "held_with_pools_GiB": 0.479}
+    md = table([{"name": "m", "contenders": {"torch.compile": same, "torch.compile reduce-overhead": row}}])
+    assert "| 0.143 (0.9) |" in md and "| 0.478 |" in md
+
+
 def test_the_model_benchmark_writes_the_schema_other_tools_read(tmp_path, monkeypatch):
     """``benchmarks.models`` on the CPU (tiny models: the harness's smoke test) and its merge:
     ``models.json`` as issue 30 specifies it, ``models.md`` with every contender's row, a
