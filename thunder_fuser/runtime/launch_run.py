@@ -52,23 +52,19 @@ class Launches:
     """The deferred launches of one flush, in order (``parts``: what the tests' stand-in
     checks against the key).
 
-    Called when the run's graph is not replayed: inside its capture (or another graph's,
-    a whole-step capture) every part launches plainly, into that graph; otherwise (a key
-    seen for the first time, or a run whose keys never settle, as when a loop's allocations
-    drift) a region member replays its own graph (``owns``: its ``RegionGraphs``, keyed on
-    its own pointers, ``keys``) as it would outside a run, so a run is never slower than its
-    regions' graphs."""
+    Called when the run's graph is not replayed. Inside its capture (or a whole-step one:
+    ``region_graphs.suspended``) every region member's own graph launches plainly, into that
+    graph. Otherwise (a key seen for the first time, or a run whose keys never settle, as
+    when a loop's allocations drift) a region member replays its own graph (``owns``: its
+    ``RegionGraphs``, keyed on its own pointers, ``keys``) as outside a run, so a run is
+    never slower than its regions' graphs; a matmul launches plainly."""
 
-    __slots__ = ("parts", "keys", "owns", "backend")
+    __slots__ = ("parts", "keys", "owns")
 
-    def __init__(self, parts: list, keys: list, owns: list, backend):
-        self.parts, self.keys, self.owns, self.backend = parts, keys, owns, backend
+    def __init__(self, parts: list, keys: list, owns: list):
+        self.parts, self.keys, self.owns = parts, keys, owns
 
     def __call__(self) -> None:
-        if self.backend.capturing():
-            for launch in self.parts:
-                launch()
-            return
         for launch, key, own in zip(self.parts, self.keys, self.owns):
             if own is None:
                 launch()
@@ -100,7 +96,7 @@ class LaunchRun:
             return
         keys, parts, owns = self.keys, self.parts, self.owns
         self.keys, self.parts, self.owns = [], [], []
-        self.graphs(tuple(keys), Launches(parts, keys, owns, self.graphs.backend))
+        self.graphs(tuple(keys), Launches(parts, keys, owns))
 
     def release(self, t) -> None:
         """Before a region decides whether to write its output over its dead input ``t``

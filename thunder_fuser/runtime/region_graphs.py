@@ -62,7 +62,7 @@ MAX_SIGHTED = 64  # keys counted per generated function before the count starts 
 RETIRED_MAX = 256  # graphs replaced on a cuBLAS stream kept alive before all of its graphs go at once
 
 stats = {"captures": 0, "replays": 0, "failed": 0}
-_suspended = [0]  # > 0 inside a whole-step capture (``graphs.py``)
+_suspended = [0]  # > 0 inside a capture: a whole-step one (``graphs.py``), or a launch run's
 _off = [0]  # > 0 inside ``turned_off``
 
 
@@ -91,7 +91,8 @@ class turned_off:
 
 
 class suspended:
-    """Regions launch plainly inside this block (a whole-step graph being captured)."""
+    """Regions launch plainly inside this block: a graph is being captured that takes their
+    launches (a whole step's, or a launch run's, whose members' own graphs must not join it)."""
 
     def __enter__(self):
         _suspended[0] += 1
@@ -150,7 +151,8 @@ class RegionGraphs:
             if self.retirement is not None:
                 self.retirement.retire(oldest[0])
         try:
-            g = self.backend.capture(launches, key)
+            with suspended():  # a launch run's members launch into it, not through their own graphs
+                g = self.backend.capture(launches, key)
         except Exception:  # noqa: BLE001 - a region that cannot be captured launches as before
             stats["failed"] += 1
             self.refused.add(key)
@@ -273,26 +275,21 @@ class MatmulCapture(CudaCapture):
 
 class StandIn:
     """The tests' graph: checks that every tensor the launches read lies at a pointer of the
-    key (a real replay would read whatever lies at the captured pointers), then launches.
-    While it launches, it counts as a capture in progress (``capturing``): a real graph's
-    launches were recorded plainly into it, and no graph nested in them replays."""
-
-    running = [0]  # stand-in graphs launching now
+    key (a real replay would read whatever lies at the captured pointers), then launches,
+    suspended as a capture is (a real replay calls nothing: no graph nested in the launches,
+    a launch run member's own, is seen)."""
 
     @staticmethod
     def capturing() -> bool:
-        return StandIn.running[0] > 0
+        return False
 
     def capture(self, launches, key):
         self.check(launches, key)
 
         def run(now):
             self.check(now, key)
-            StandIn.running[0] += 1
-            try:
+            with suspended():
                 now()
-            finally:
-                StandIn.running[0] -= 1
 
         return run
 
