@@ -21,7 +21,7 @@ from test_straight_line import GELU_SOURCE, _runners
 @pytest.fixture
 def stand_in(monkeypatch, torch_kernels):
     monkeypatch.setattr(region_graphs, "STAND_IN", True)
-    monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
+    monkeypatch.setattr(region_graphs, "stats", dict.fromkeys(region_graphs.stats, 0))
 
 
 # the plain code (``test_straight_line.GELU_SOURCE``) with its launch keyed and handed over;
@@ -273,7 +273,7 @@ def test_training_steps_replay_region_graphs_on_the_gpu(monkeypatch):
     runs' own test, ``test_launch_runs.py``, replays them in a steady loop)."""
     from test_models import _step_matches_eager
 
-    monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
+    monkeypatch.setattr(region_graphs, "stats", dict.fromkeys(region_graphs.stats, 0))
     assert _step_matches_eager("pythia-410m", "cuda", torch.bfloat16, thunder_fuser.executors(), 3e-2, steps=5,
                                transforms=thunder_fuser.transforms(launch_runs=False)) == []
     assert region_graphs.stats["failed"] == 0
@@ -287,7 +287,7 @@ def test_captures_with_matmuls_share_one_stream_and_its_cublas_workspace(monkeyp
     H100): the graphs of launch runs (``launch_run.py``), captured on streams of their own,
     kept one each. On the one matmul capture stream only the first capture may allocate it,
     and every replay computes the matmul at its pointers."""
-    monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
+    monkeypatch.setattr(region_graphs, "stats", dict.fromkeys(region_graphs.stats, 0))
     a = torch.randn(256, 256, device="cuda")
     outs = [torch.empty(256, 256, device="cuda") for _ in range(4)]
     torch.mm(a, a, out=outs[0])  # the current stream's own workspace
@@ -316,7 +316,7 @@ def test_a_replaced_matmul_graph_leaves_the_others_their_cublas_workspace(monkey
     right and leave the pattern alone."""
     import gc
 
-    monkeypatch.setattr(region_graphs, "stats", {"captures": 0, "replays": 0, "failed": 0})
+    monkeypatch.setattr(region_graphs, "stats", dict.fromkeys(region_graphs.stats, 0))
     a, b = torch.randn(64, 1 << 16, device="cuda"), torch.randn(1 << 16, 64, device="cuda")
     outs = [torch.empty(64, 64, device="cuda") for _ in range(2)]
     first = region_graphs.RegionGraphs("first", matmuls=True)

@@ -61,7 +61,8 @@ MAX_WASTED = 16  # graphs replaced before they were useful, per generated functi
 MAX_SIGHTED = 64  # keys counted per generated function before the count starts anew
 RETIRED_MAX = 256  # graphs replaced on a cuBLAS stream kept alive before all of its graphs go at once
 
-stats = {"captures": 0, "replays": 0, "failed": 0}
+# "sighted": a key seen before its capture (a step that sights or captures none is steady)
+stats = {"captures": 0, "replays": 0, "failed": 0, "sighted": 0}
 _suspended = [0]  # > 0 inside a capture: a whole-step one (``graphs.py``), or a launch run's
 _off = [0]  # > 0 inside ``turned_off``
 
@@ -142,6 +143,7 @@ class RegionGraphs:
             if len(self.sighted) >= MAX_SIGHTED:
                 self.sighted.clear()
             self.sighted[key] = seen
+            stats["sighted"] += 1
             launches()
             return
         self.sighted.pop(key, None)
