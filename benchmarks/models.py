@@ -13,7 +13,7 @@ kernels per step, copies among them, the heaviest kernels), and for thunder + fu
 segments on the reference backend and every warning a step raised. ``first_call_s`` is the
 first step's wall time, tracing and compiling included, with a cold kernel cache (fuser:
 a fresh ``THUNDER_FUSER_CACHE``); a second process then takes the first step again on the
-disk cache (``first_call_warm_s``). ``second_call_s`` is the next step's: thunder + fuser's
+disk caches (``first_call_warm_s``; for torch.compile and thunder too, ``second_processes``). ``second_call_s`` is the next step's: thunder + fuser's
 first step runs on the reference backend while worker processes compile its kernels
 (``kernels/compile_workers.py``), and the second waits for those still compiling.
 
@@ -309,6 +309,8 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
 # two (thunder + fuser's regions capture a CUDA graph at their key's second sighting,
 # ``runtime/region_graphs.py``); the same for every contender
 TURN_WARMUP = 2
+# contenders whose first step is taken again in a second process (``second_processes``)
+SECOND_PROCESS = ("torch.compile", "thunder", "thunder+fuser")
 
 
 def time_interleaved(timers: list, steps: int, batch_size: int, seq: int, rounds: int = ROUNDS) -> None:
@@ -376,17 +378,39 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
     return out
 
 
-def warm_first_call(name: str, layers: int, batch_size: int, seq: int, tiny=False, jit=None) -> float:
-    """The first step of thunder + fuser in this process, its kernels in the disk cache
-    (``jit``: another way to compile the module, ``scripts/first_call_floor.py``'s)."""
+def warm_first_call(name: str, layers: int, batch_size: int, seq: int, tiny=False, jit=None,
+                    kind: str = "thunder+fuser") -> float:
+    """The first step of contender ``kind`` in this process, with the disk caches the run's
+    first calls filled (``jit``: another way to compile the module,
+    ``scripts/first_call_floor.py``'s)."""
     device, dtype = _device_and_dtype(tiny)
     built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
     idx, targets = batch(built, batch_size, seq, device=device)
     _sync()
     t0 = time.perf_counter()
-    _step((jit or (lambda m: wrap("thunder+fuser", m)))(built.module), idx, targets)
+    _step((jit or (lambda m: wrap(kind, m)))(built.module), idx, targets)
     _sync()
     return round(time.perf_counter() - t0, 2)
+
+
+def second_processes(name: str, res: dict, a, cache: str) -> None:
+    """``first_call_warm_s`` of each contender in ``SECOND_PROCESS`` that ran: its first step
+    in a process of its own, after the run's first calls filled the disk caches (thunder +
+    fuser's kernels, torch.compile's Inductor and Triton caches; thunder keeps none). Each
+    pays what a fresh process pays in its first step (cuBLAS, cuDNN, lazily loaded
+    modules), so the three compare: thunder's is the floor of any thunder executor."""
+    for kind in SECOND_PROCESS:
+        r = res["contenders"].get(kind)
+        if r is None or r.get("error") is not None:
+            continue
+        p = subprocess.run([sys.executable, "-m", "benchmarks.models", "--warm-first-call", name, "--warm-contender",
+                            kind, "--layers", str(a.layers), "--batch", str(a.batch), "--seq", str(a.seq)]
+                           + (["--tiny"] if a.tiny else []),
+                           capture_output=True, text=True, env=dict(os.environ, THUNDER_FUSER_CACHE=cache))
+        line = [x for x in p.stdout.splitlines() if x.startswith("WARM ")]
+        r["first_call_warm_s"] = float(line[-1].split()[1]) if line else None
+        if not line:
+            r["first_call_warm_error"] = p.stderr[-400:]
 
 
 def _device() -> str:
@@ -406,7 +430,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny configs (the CPU smoke test)")
     ap.add_argument("--one-process", action="store_true",
                     help="all models in this process (default: a process of its own for each of several models)")
-    ap.add_argument("--warm-first-call", metavar="MODEL", help="(internal) print the warm first call of MODEL")
+    ap.add_argument("--warm-first-call", metavar="MODEL", help="(internal) print the first call of MODEL in this process")
+    ap.add_argument("--warm-contender", default="thunder+fuser", help="(internal) the contender --warm-first-call takes")
     ap.add_argument("--merge", nargs="*", metavar="DIR", help="join the runs' JSON files into --results")
     ap.add_argument("--results", default="benchmarks/results")
     a = ap.parse_args(argv)
@@ -416,7 +441,7 @@ def main(argv=None) -> None:
         merge(a.merge, a.results)
         return
     if a.warm_first_call:
-        print("WARM", warm_first_call(a.warm_first_call, a.layers, a.batch, a.seq, a.tiny))
+        print("WARM", warm_first_call(a.warm_first_call, a.layers, a.batch, a.seq, a.tiny, kind=a.warm_contender))
         return
     os.makedirs(a.out, exist_ok=True)
     names = [m for m in a.models.split(",") if m]
@@ -431,15 +456,7 @@ def main(argv=None) -> None:
     contenders = [c for c in a.contenders.split(",") if c]
     for name in names:
         r = run_model(name, contenders, a.layers, a.batch, a.seq, a.steps, a.tiny)
-        fuser = r["contenders"].get("thunder+fuser")
-        if fuser is not None and fuser.get("error") is None:
-            p = subprocess.run([sys.executable, "-m", "benchmarks.models", "--warm-first-call", name, "--layers",
-                                str(a.layers), "--batch", str(a.batch), "--seq", str(a.seq)] + (["--tiny"] if a.tiny else []),
-                               capture_output=True, text=True, env=dict(os.environ, THUNDER_FUSER_CACHE=cache))
-            line = [x for x in p.stdout.splitlines() if x.startswith("WARM ")]
-            fuser["first_call_warm_s"] = float(line[-1].split()[1]) if line else None
-            if not line:
-                fuser["first_call_warm_error"] = p.stderr[-400:]
+        second_processes(name, r, a, cache)
         r["device"] = _device()
         with open(os.path.join(a.out, f"models-{name}.json"), "w") as f:
             json.dump(r, f, indent=1)

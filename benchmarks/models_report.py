@@ -54,7 +54,7 @@ def _pools_cell(r: dict) -> str:
 
 def table(models: list[dict]) -> str:
     rows = ["| model | contender | step ms | x torch.compile | GPU ms | tokens/s | held GiB (graph pools whole) | peak GiB | first call s "
-            "(warm cache) | second call s | kernels/step | copies | fallbacks | error |",
+            "(second process) | second call s | kernels/step | copies | fallbacks | error |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for m in models:
         tc = m["contenders"].get("torch.compile", {}).get("step_ms")
