@@ -13,8 +13,9 @@ kernels per step, copies among them, the heaviest kernels), and for thunder + fu
 segments on the reference backend and every warning a step raised. ``first_call_s`` is the
 first step's wall time, tracing and compiling included, with a cold kernel cache (fuser:
 a fresh ``THUNDER_FUSER_CACHE``); a second process then takes the first step again on the
-disk caches (``first_call_warm_s``; for torch.compile and thunder too, ``second_processes``). ``second_call_s`` is the next step's: thunder + fuser's
-first step runs on the reference backend while worker processes compile its kernels
+disk caches (``first_call_warm_s``; for torch.compile and thunder too,
+``second_processes``). ``second_call_s`` is the next step's: thunder + fuser's first step
+runs on the reference backend while worker processes compile its kernels
 (``kernels/compile_workers.py``), and the second waits for those still compiling.
 
 Step time is timed last, with every contender of the model alive: ``ROUNDS`` turns over

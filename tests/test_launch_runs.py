@@ -81,11 +81,11 @@ def _fresh_calls_match_eager(jfn, args, calls: int = 4) -> None:
         torch.testing.assert_close(jfn(*args).clone(), mlp(*args))
 
 
-
 def _graph_counts() -> dict:
     """Graphs captured, replayed and failed (not the keys sighted, which a run's members'
     own graphs add to)."""
     return {k: region_graphs.stats[k] for k in ("captures", "replays", "failed")}
+
 
 def test_the_trace_shows_the_run_its_members_and_the_flush(stand_in):
     jfn, calls = _mlp_calls()
