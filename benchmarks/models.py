@@ -379,17 +379,17 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
     return out
 
 
-def warm_first_call(name: str, layers: int, batch_size: int, seq: int, tiny=False, jit=None,
-                    kind: str = "thunder+fuser") -> float:
-    """The first step of contender ``kind`` in this process, with the disk caches the run's
-    first calls filled (``jit``: another way to compile the module,
-    ``scripts/first_call_floor.py``'s)."""
+def warm_first_call(name: str, layers: int, batch_size: int, seq: int, tiny=False, jit=None) -> float:
+    """The first step in this process, with the disk caches the run's first calls filled,
+    of the module as ``jit`` compiles it (default: thunder + fuser; ``second_processes``
+    passes each contender's ``wrap``, ``scripts/first_call_floor.py`` thunder's torch
+    executor alone)."""
     device, dtype = _device_and_dtype(tiny)
     built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
     idx, targets = batch(built, batch_size, seq, device=device)
     _sync()
     t0 = time.perf_counter()
-    _step((jit or (lambda m: wrap(kind, m)))(built.module), idx, targets)
+    _step((jit or (lambda m: wrap("thunder+fuser", m)))(built.module), idx, targets)
     _sync()
     return round(time.perf_counter() - t0, 2)
 
@@ -442,7 +442,8 @@ def main(argv=None) -> None:
         merge(a.merge, a.results)
         return
     if a.warm_first_call:
-        print("WARM", warm_first_call(a.warm_first_call, a.layers, a.batch, a.seq, a.tiny, kind=a.warm_contender))
+        print("WARM", warm_first_call(a.warm_first_call, a.layers, a.batch, a.seq, a.tiny,
+                                     jit=lambda m: wrap(a.warm_contender, m)))
         return
     os.makedirs(a.out, exist_ok=True)
     names = [m for m in a.models.split(",") if m]

@@ -2,11 +2,15 @@
 ``benchmarks/model_zoo`` per contender under torch's allocator history, replayed to the
 moment the step's allocations peak; the largest blocks then alive, each with the frame of
 the trace (thunder's generated forward or backward, our regions' runners) or model code
-that allocated it. The traces go to OUT_DIR so that their line numbers read as ops
+that allocated it. Before it, ``--warm`` steps, each printing the memory it leaves allocated
+and the CUDA graphs captured so far: a training loop's memory moves in its first steps
+(session 44, H100: pythia-410m's and Qwen2's launch runs first captured in the fourth step,
+allocating their capture stream's 32 MiB cuBLAS workspace, held from there on; Qwen2 still
+captured 2-3 graphs a step at the eighth). The traces go to OUT_DIR so that their line numbers read as ops
 (``thunder_fuser-fwd.txt``, ``thunder_fuser-bwd.txt``, and the regions' generated code,
 ``thunder_fuser-runners.txt``).
 
-    python scripts/peak_memory.py pythia-410m OUT_DIR [--contenders thunder+fuser,torch.compile]
+    python scripts/peak_memory.py pythia-410m OUT_DIR [--contenders thunder+fuser,torch.compile] [--warm 8]
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ def _frame(frames) -> str:
     return f"{frames[0]['filename']}:{frames[0]['line']} {frames[0]['name']}" if frames else "?"
 
 
+def runs() -> tuple[int, int, int]:
+    """Launch runs (their ``RegionGraphs`` share ``MatmulCapture``'s retirement): how many,
+    their graphs, and those graphs' replays."""
+    owners = list(region_graphs.MatmulCapture.retirement.owners)
+    return len(owners), sum(len(o.graphs) for o in owners), sum(g[1] for o in owners for g in o.graphs.values())
+
+
 def peak_live(trace) -> tuple[int, list]:
     """(peak bytes over the start, the blocks alive then: (bytes, frame)) from the allocator's
     events."""
@@ -56,19 +67,21 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--warm", type=int, default=8, help="steps before the one recorded")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     built = build(a.model, a.layers, device="cuda", dtype=torch.bfloat16)
     idx, targets = batch(built, a.batch, a.seq, device="cuda")
     for kind in a.contenders.split(","):
         fn = wrap(kind, built.module)
-        for _ in range(3):
+        for i in range(a.warm):
             _zero(built.module)
             _step(fn, idx, targets)
-        _zero(built.module)
-        torch.cuda.synchronize()
-        print(f"== {a.model} {kind}: after 3 steps {torch.cuda.memory_allocated() / 2**20:.1f} MiB "
-              f"allocated, {torch.cuda.memory_reserved() / 2**20:.1f} MiB reserved; region graphs {region_graphs.stats}")
+            _zero(built.module)
+            torch.cuda.synchronize()
+            print(f"== {a.model} {kind}: after step {i} {torch.cuda.memory_allocated() / 2**20:.1f} MiB allocated, "
+                  f"{torch.cuda.memory_reserved() / 2**20:.1f} MiB reserved; region graphs {region_graphs.stats}, "
+                  f"launch runs (runs, graphs, replays) {runs()}")
         torch.cuda.memory._record_memory_history(max_entries=200000, stacks="python")
         _step(fn, idx, targets)
         torch.cuda.synchronize()
