@@ -31,12 +31,12 @@ GELU_GRAPHED = GELU_SOURCE.replace("""\
             or a0.data_ptr() % 16 != 0):""", """\
             or (p_a1 := a1.data_ptr()) % 16 != 0
             or (p_a0 := a0.data_ptr()) % 16 != 0):""").replace("""\
-    run_on_torch(part10, (a1, a0, t1, ))
+    run_on_torch(part11, (a1, a0, t1, ))
 """, """\
     key = (p_a1, p_a0, t1.data_ptr(), )
     def launches():
-        run_on_torch(part10, (a1, a0, t1, ))
-    graphs11(key, launches)
+        run_on_torch(part11, (a1, a0, t1, ))
+    graphs12(key, launches)
 """)
 
 
@@ -54,7 +54,7 @@ def test_a_key_seen_twice_is_captured_then_replayed_and_another_launches_plainly
     jfn = thunder.jit(gelu_bias, executors=[thunder_fuser.fuser_ex])
     jfn(x, b)  # the plan's first call: the code is written after it
     (runner,) = _runners(jfn)
-    graphs = runner.fast.__globals__["graphs11"]
+    graphs = runner.fast.__globals__["graphs12"]
     out = torch.empty(8, 64)
     calls = []
     graphs.miss = lambda key, launches, miss=graphs.miss: (calls.append(key), miss(key, launches))
@@ -248,7 +248,7 @@ def test_turned_off_the_code_launches_as_before(stand_in, monkeypatch):
     monkeypatch.setenv("THUNDER_FUSER_REGION_GRAPHS", "0")
     jfn, _ = check_vs_eager(gelu_bias, torch.randn(8, 64), torch.randn(64))
     (runner,) = _runners(jfn)
-    assert "key" not in runner.fast.source and "run_on_torch(part10, (a1, a0, t1, ))" in runner.fast.source
+    assert "key" not in runner.fast.source and "run_on_torch(part11, (a1, a0, t1, ))" in runner.fast.source
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -39,25 +39,25 @@ def _count_general_calls(runner: RegionRunner) -> list:
 GELU_SOURCE = """\
 def run(args):
     a0, a1 = args
-    if (a0.stride() != s6
-            or a1.stride() != s7
+    if (type(a0) not in plain6 or a0.stride() != s7
+            or type(a1) not in plain6 or a1.stride() != s8
             or a1.data_ptr() % 16 != 0
             or a0.data_ptr() % 16 != 0):
         return None
-    t1 = empty_strided((8, 64), (64, 1), dtype=dt8, device=dev9)
-    run_on_torch(part10, (a1, a0, t1, ))
+    t1 = empty_strided((8, 64), (64, 1), dtype=dt9, device=dev10)
+    run_on_torch(part11, (a1, a0, t1, ))
     return [t1]
 """
 
 
 def test_gelu_source_reads_as_the_call_it_makes(torch_kernels):
-    """Guards first (strides, then vector alignment), then one allocation and one launch;
+    """Guards first (each input's type and strides, then vector alignment), then one allocation and one launch;
     the broadcast bias goes as it is (the launch function builds its view from the base,
     ``Geometry.base_maps``); constants (strides, dtype, device, the kernel) are globals."""
     jfn, _ = check_vs_eager(gelu_bias, torch.randn(8, 64), torch.randn(64))
     (runner,) = _runners(jfn)
     assert runner.fast.source == GELU_SOURCE
-    assert runner.fast.__globals__["s6"] == (1,) and runner.fast.__globals__["s7"] == (64, 1)
+    assert runner.fast.__globals__["s7"] == (1,) and runner.fast.__globals__["s8"] == (64, 1)
 
 
 def test_slices_and_merged_dims_need_no_view_per_call(torch_kernels):
@@ -84,13 +84,13 @@ def _split_heads(x, w):
 SPLIT_HEADS_SOURCE = """\
 def run(args):
     a0, a1 = args
-    if (a0.stride() != s6
-            or a1.stride() != s7
+    if (type(a0) not in plain6 or a0.stride() != s7
+            or type(a1) not in plain6 or a1.stride() != s8
             or a0.data_ptr() % 16 != 0
             or a1.data_ptr() % 16 != 0):
         return None
-    t1 = empty_strided((2, 2, 8, 4), (64, 4, 8, 1), dtype=dt8, device=dev9)
-    run_on_torch(part10, (reinterpret(a0, (2, 16, 4), (4, 12, 1), 0), a1, t1, ))
+    t1 = empty_strided((2, 2, 8, 4), (64, 4, 8, 1), dtype=dt9, device=dev10)
+    run_on_torch(part11, (reinterpret(a0, (2, 16, 4), (4, 12, 1), 0), a1, t1, ))
     t2 = a0.as_strided((2, 4, 8), (96, 1, 12), a0.storage_offset() + 8)
     return [t1, t2]
 """

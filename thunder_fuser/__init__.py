@@ -19,11 +19,13 @@ from thunder_fuser.graphs import graphed  # noqa: E402
 from thunder_fuser.interpreter_speedups import speed_up_thunders_interpreter  # noqa: E402
 from thunder_fuser.meta_dummy import cheapen_thunders_meta_dummies  # noqa: E402
 from thunder_fuser.missing_torch_ops import register_missing_torch_ops  # noqa: E402
+from thunder_fuser.patches import apply_patches  # noqa: E402
 
 register_missing_torch_ops()
 cheapen_thunders_meta_dummies()
 speed_up_thunders_interpreter()
 hold_gc_while_compiling()
+apply_patches()
 
 
 def executors() -> list:

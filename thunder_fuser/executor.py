@@ -27,6 +27,8 @@ from thunder.extend import FusionExecutor, register_executor
 from thunder_fuser import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.dead_inputs import dead_inputs
+from thunder_fuser.eager_decompositions import eager_decompositions
+from thunder_fuser.eager_decompositions import register as register_eager_rules
 from thunder_fuser.hoist_externs import contiguous_of_resizes, dissolve_runs, hoist_externs, hoist_views
 from thunder_fuser.index_copy_in_place import in_place_index_copies
 from thunder_fuser.input_aliases import with_alias_guard
@@ -57,7 +59,10 @@ _UNSUPPORTED_DTYPES = (dtypes.complex32, dtypes.complex64, dtypes.complex128) + 
 
 def _supported_value(x) -> bool:
     if isinstance(x, TensorProxy):
-        return x.device.type in ("cpu", "cuda") and x.dtype not in _UNSUPPORTED_DTYPES
+        # a shape of proxies (thunder's ``cache="symbolic values"``) changes from call to call:
+        # a region's plan is specialized to the extents it was built for
+        return (x.device.type in ("cpu", "cuda") and x.dtype not in _UNSUPPORTED_DTYPES
+                and all(type(s) is int for s in x._shape))
     return True
 
 
@@ -95,7 +100,8 @@ class FuserExecutor(FusionExecutor):
         for name in SUPPORTED:
             sym = copy_to_out_ if name == "copy_to_out_" else getattr(prims, name)
             self.register_supported(sym.id, _checker)
-        self._owned = register_losses(self)  # ids of the composite ops claimed with rules of our own
+        # ids of the composite ops claimed with rules of our own
+        self._owned = register_losses(self) | register_eager_rules(self)
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
         # an op we own is ours only where its checker takes it: thunder asks an executor
@@ -160,6 +166,7 @@ class FuserExecutor(FusionExecutor):
         start = time.perf_counter_ns()
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
+        trace = eager_decompositions(trace)
         trace = with_alias_guard(trace)
         trace = narrow_loss_gradients(trace)
         trace = in_place_index_copies(trace)

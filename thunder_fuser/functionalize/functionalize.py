@@ -70,6 +70,12 @@ def functionalize(region: Region) -> Region:
         if node.op == "update_aliases" and len(node.args[0]) == 1:
             subst[id(node.outputs[0])] = node.args[0][0]
             continue
+        if node.op == "copy_" and node.args[0] is node.args[1]:
+            # ``x.copy_(x)`` changes nothing, and torch runs it as nothing, an expanded ``x``
+            # included (whose elements share memory: a real write into it is an error)
+            subst[id(node.output)] = node.args[1]
+            region.notes.append(f"{node.output.name}: copy_ of {node.args[1].name} onto itself: nothing to write")
+            continue
         if node.op == "shallow_copy":
             # identity on values (thunder's `.to(same dtype)`): reading through it would
             # hide that a copy's source is fresh, or that a read is aligned with a write

@@ -26,6 +26,7 @@ nll term and the smoothing term by the rows not ignored, weighted by their targe
 
 from __future__ import annotations
 
+import torch
 import thunder.torch as ltorch
 from thunder.core import dtypes, prims
 from thunder.core.prims import get_grad, put_grad
@@ -195,6 +196,14 @@ def cross_entropy_grad(a, target, weight=None, size_average=None, ignore_index=-
     return out
 
 
+def _per_row_mean(scale, count):
+    """A row's share of a mean, ``scale / count`` (``[N, 1]``), zero where the row's scale is:
+    where no row counts (every target ignored) the loss is 0 / 0 = nan, as torch's, but its
+    gradient is zero, as torch's. The division stays a node reading the rows and the count
+    (the segmenter then hoists the count ahead of the row kernel: ``_hoist_per_row_values``)."""
+    return ltorch.where(ltorch.eq(scale, 0.0), 0.0, ltorch.true_divide(scale, count))
+
+
 def _logits_gradient(rows: _Rows, lse, wt, count, total_w, reduction: str, eps: float, g):
     """The loss's gradient over the logits, fp32 ``[N, C]``, for the row cotangents ``g``
     (``[N, 1]``; None: one)."""
@@ -204,7 +213,7 @@ def _logits_gradient(rows: _Rows, lse, wt, count, total_w, reduction: str, eps: 
     p = ltorch.exp(ltorch.sub(rows.x, ltorch.unsqueeze(lse, 1)))  # softmax, [N, C]
     nll_scale = ltorch.unsqueeze(wt, 1)  # [N, 1]: the target's weight where the row counts
     if reduction == "mean":
-        nll_scale = ltorch.true_divide(nll_scale, count)
+        nll_scale = _per_row_mean(nll_scale, count)
     a_scale = times_g(nll_scale if eps == 0.0 else ltorch.mul(nll_scale, 1.0 - eps))
     onehot = ltorch.to(rows.hit, dtypes.float32)
     if eps == 0.0:
@@ -212,7 +221,7 @@ def _logits_gradient(rows: _Rows, lse, wt, count, total_w, reduction: str, eps: 
     b_scale = times_g(ltorch.unsqueeze(rows.valid, 1))
     b_scale = ltorch.mul(b_scale, eps / rows.c)
     if reduction == "mean":
-        b_scale = ltorch.true_divide(b_scale, count)
+        b_scale = _per_row_mean(b_scale, count)
     w = 1.0 if rows.w is None else ltorch.unsqueeze(rows.w, 0)
     return ltorch.sub(
         ltorch.sub(ltorch.mul(p, ltorch.add(a_scale, ltorch.mul(b_scale, total_w))), ltorch.mul(onehot, a_scale)),
@@ -238,7 +247,7 @@ def nll_loss_grad(a, target, weight=None, ignore_index=None, reduction="mean"):
     rows = _Rows(a, target, weight, ignore_index)  # the compare again, not saved
     scale = ltorch.unsqueeze(wt, 1)
     if reduction == "mean":
-        scale = ltorch.true_divide(scale, count)
+        scale = _per_row_mean(scale, count)
     grad = ltorch.neg(ltorch.mul(ltorch.to(rows.hit, dtypes.float32), ltorch.mul(g, scale)))
     grad = ltorch.to(grad, a.dtype)
     put_grad(a, ltorch.squeeze(grad, 0) if rows.vector else grad)
@@ -280,10 +289,27 @@ def _scale_meta(grad, g):
 
 
 def _scale_impl(grad, g):
+    """The saved gradient scaled in place. A second backward through the same graph
+    (``backward(retain_graph=True)``, then again) finds it scaled by the first one's
+    cotangent already: it scales by the new cotangent over that one (on the device, no host
+    sync). The tensor remembers its scale on itself (torch keeps a tensor's Python object,
+    attributes included, while autograd holds it). Its version counter is kept: the write is
+    the rule's own, not a user's change of a saved tensor."""
     from thunder_fuser.kernels.backend import cute_on
     from thunder_fuser.kernels.scale_unless_one import scale_unless_one_
 
-    return scale_unless_one_(grad, g, use_kernel=cute_on(grad.device.type))
+    applied = getattr(grad, _APPLIED, None)
+    with torch.autograd._unsafe_preserve_version_counter(grad):
+        if applied is None:
+            scale_unless_one_(grad, g, use_kernel=cute_on(grad.device.type))
+        else:  # rare: torch's ops, one rounding of the product as the kernel's
+            wide = torch.float64 if grad.dtype == torch.float64 else torch.float32
+            grad.copy_(grad.to(wide) * (g.to(wide) / applied.to(wide)).reshape(()))
+    setattr(grad, _APPLIED, g)  # kept as it is (a clone would be a launch a step): autograd made it
+    return grad
+
+
+_APPLIED = "_thunder_fuser_scaled_by"  # the cotangent a saved loss gradient holds
 
 
 def _print_scale(bsym, out_printables, arg_printables, kwarg_printables) -> str:

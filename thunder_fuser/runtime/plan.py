@@ -14,6 +14,7 @@ import torch
 
 from thunder_fuser import debug
 from thunder_fuser.backends import reference
+from thunder_fuser.functionalize import storage_roots
 from thunder_fuser.ir.ops import METADATA
 from thunder_fuser.ir.region import Region
 from thunder_fuser.kernels import compile_workers
@@ -84,7 +85,8 @@ class Plan:
     schedule: Schedule  # computed once per plan, not per call
     error: str | None = None
     out_strides: list = field(default_factory=list)
-    written_inputs: tuple[int, ...] = ()
+    written_inputs: tuple[int, ...] = ()  # inputs written in place, directly or through views
+    directly_written: tuple[int, ...] = ()  # those written as themselves
     kernels: dict = field(default_factory=dict)  # segment index -> SegmentKernel, or None: reference
     groups: dict = field(default_factory=dict)  # first segment index of a step -> LaunchGroup, or None
     apart: dict = field(default_factory=dict)  # first segment index of a step -> why it launches apart
@@ -205,7 +207,8 @@ class Plan:
                 a = args[i]
                 if a.requires_grad and a.is_leaf:
                     raise RuntimeError(
-                        f"a leaf Variable that requires grad is being used in an in-place operation "
+                        f"a {'' if i in self.directly_written else 'view of a '}leaf Variable that requires grad is being"
+                        " used in an in-place operation "
                         f"(in-place write into '{region.inputs[i].name}' in {region.name})"
                     )
         env: dict[int, object] = dict(zip(self.input_ids, args))
@@ -272,10 +275,15 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
         strides_for_order(o.shape, orders[id(o)]) if id(o) in fresh and o.is_tensor and id(o) in orders else None
         for o in region.outputs
     ]
-    written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
+    # an input written through a view of it is written too: torch refuses both for a leaf that
+    # requires grad (the gradient would be lost)
+    roots = storage_roots(region)
+    written_roots = {id(roots.get(id(n.written), n.written)) for n in region.writes()}
+    written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written or id(v) in written_roots)
+    directly_written = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
     debug.dump("layout", lambda: _layout_text(region, in_orders, orders, kinds))
     return Plan(region, segments, orders, kinds, schedule_segments(region, segments), error, out_strides, written_inputs,
-                layout_notes=notes)
+                layout_notes=notes, directly_written=directly_written)
 
 
 def _layout_text(region, in_orders, orders, kinds) -> str:
@@ -286,6 +294,18 @@ def _layout_text(region, in_orders, orders, kinds) -> str:
             lines.append(f"  output {o.name} {tuple(o.shape)} allocation order {orders[id(o)]}{why}")
     lines.append("  segment kinds: " + ", ".join(f"{i}={k}" for i, k in kinds.items()))
     return "\n".join(lines)
+
+
+# the tensors a plan runs: torch's own (a Parameter's ops return plain tensors). Any other
+# kind (a subclass with its own ``__torch_function__``, a sparse or nested tensor) is run by
+# torch op for op (``RegionRunner.general``), as thunder's torch executor would: thunder's
+# trace does not tell them apart
+PLAIN_TENSOR_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))
+
+
+def plain_tensors(args) -> bool:
+    return all(type(a) in PLAIN_TENSOR_TYPES and a.layout is torch.strided
+               for a in args if isinstance(a, torch.Tensor))
 
 
 def spec_key(args) -> tuple:

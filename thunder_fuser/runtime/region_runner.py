@@ -14,7 +14,8 @@ import torch
 
 from thunder_fuser.compile_gc import held
 from thunder_fuser.ir.region import Region
-from thunder_fuser.runtime.plan import Plan, build_plan, spec_key
+from thunder_fuser.backends.reference import run_nodes
+from thunder_fuser.runtime.plan import Plan, build_plan, plain_tensors, spec_key
 from thunder_fuser.runtime.straight_line import straight_line
 from thunder_fuser.segment import Segment
 
@@ -61,6 +62,8 @@ class RegionRunner:
     def _general(self, args):
         if self.run is not None:  # what the run's earlier members deferred launches first
             self.run.flush()
+        if not plain_tensors(args):
+            return self.as_torch(args)
         key = spec_key(args)
         plan = self.plans.get(key) or self.plan_for(args)
         out = plan.run(args)
@@ -68,6 +71,14 @@ class RegionRunner:
             self.fast_tried = True
             self.fast = straight_line(plan, key, self.run)
         return out
+
+
+    def as_torch(self, args):
+        """The region's ops one by one with torch, on tensors no plan runs (a subclass keeps its
+        ``__torch_function__``, a sparse tensor its layout): what thunder's torch executor does."""
+        env: dict[int, object] = dict(zip((id(v) for v in self.region.inputs), args))
+        run_nodes(self.region.nodes, env)
+        return [env[id(v)] for v in self.region.outputs]
 
 
 class RangedRegionRunner(RegionRunner):

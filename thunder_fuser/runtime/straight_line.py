@@ -31,7 +31,7 @@ from thunder_fuser.kernels.segment_kernel import LaunchGroup, SegmentKernel
 from thunder_fuser.layout import strides_for_order
 from thunder_fuser.runtime import region_graphs
 from thunder_fuser.runtime.donation import donated, donating
-from thunder_fuser.runtime.plan import conform_output
+from thunder_fuser.runtime.plan import PLAIN_TENSOR_TYPES, conform_output
 
 
 def _direct_view(n) -> bool:
@@ -294,8 +294,11 @@ class _Writer:
                 if strides is not None and isinstance(v.dtype, torch.dtype):
                     self.meta[id(v)] = torch.empty_strided(v.shape, strides, dtype=v.dtype, device="meta")
                     self.root[id(v)] = id(v)
+        # a tensor of another kind (a subclass, sparse) takes the general path, which runs it as
+        # torch does (``RegionRunner.general``); its strides are read after its type
+        plain = self.const(PLAIN_TENSOR_TYPES, "plain")
         guards = [
-            f"{self.names[id(v)]}.stride() != {self.const(key_part, 's')}"
+            f"type({self.names[id(v)]}) not in {plain} or {self.names[id(v)]}.stride() != {self.const(key_part, 's')}"
             for v, key_part in zip(region.inputs, self.key) if key_part is not None
         ]
         if region.grad_enabled:  # the general path raises for a leaf that requires grad

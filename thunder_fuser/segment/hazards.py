@@ -8,7 +8,12 @@ must land in a segment on the right side of the write:
 * write-after-read: a node that read the old contents before the write (program order)
   must not run after it, so the write cannot join a segment older than that reader;
 * read-after-write: a node that reads the memory after the write, other than through the
-  write's own result at the same element, must run in a later segment.
+  write's own result at the same element, must run in a later segment;
+* reads through values computed in the kernel: a kernel does not store a value it computes
+  for its own consumers, it computes it again wherever they need it. A slice, a
+  reduction or a view of ``r = x * 2`` in the kernel that writes ``x`` therefore reads ``x``
+  at other elements, so it may not share that kernel with the write, whichever comes first
+  (pointwise consumers of ``r`` at the write's shape read the element their thread owns).
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ class WriteHazards:
         self.direct |= {id(n.output) for n in region.writes()} | {id(n.written) for n in region.writes()}
         self.readers: dict[int, list[tuple[Node, object]]] = {}  # root -> placed (reader, segment)
         self.writes: dict[int, list[tuple[Node, object]]] = {}  # root -> placed (write, segment)
+        # value id -> (segment, written roots it was computed from inside that segment)
+        self.derived: dict[int, tuple[object, frozenset]] = {}
+        # root -> segments holding a node that reads a value derived from it at other elements
+        self.shifted: dict[int, list[object]] = {}
 
     def _read_roots(self, node: Node) -> list[tuple[Value, int]]:
         vals = node.tensor_inputs()
@@ -38,7 +47,24 @@ class WriteHazards:
     def _aligned(node: Node, v: Value, shape) -> bool:
         return kind_of(node.op) in ("pointwise", "write") and v.shape == tuple(shape)
 
+    def _derived_roots(self, node: Node, seg) -> list[tuple[Value, int]]:
+        """(value, root) for each input of ``node`` computed in ``seg`` from a written root."""
+        out = []
+        for v in node.tensor_inputs():
+            hit = self.derived.get(id(v))
+            if hit is not None and hit[0] is seg:
+                out.extend((v, r) for r in hit[1])
+        return out
+
+    def _shifted_reads(self, node: Node, seg) -> set[int]:
+        """Written roots that ``node`` in ``seg`` would read at elements other than its own."""
+        return {r for v, r in self._derived_roots(node, seg)
+                if not (kind_of(node.op) in ("pointwise", "write") and v.shape == node.outputs[0].shape)}
+
     def conflict(self, node: Node, seg, seg_of) -> str | None:
+        for r in self._shifted_reads(node, seg):
+            if any(wseg is seg for _, wseg in self.writes.get(r, [])):
+                return f"{node.op} would read the memory written in place in this kernel at other elements"
         for v, r in self._read_roots(node):
             placed = self.writes.get(r, [])
             if not placed:
@@ -51,6 +77,8 @@ class WriteHazards:
         if node.op in ("copy_", "copy_to_out_"):
             dst = node.written
             r = id(self.root.get(id(dst), dst))
+            if any(s is seg for s in self.shifted.get(r, [])):
+                return f"the write into {dst.name} would race with a read of values computed from it at other elements"
             for reader, rseg in self.readers.get(r, []):
                 if rseg.index > seg.index:
                     return f"the write into {dst.name} must follow {reader.op} that reads its old contents"
@@ -64,8 +92,15 @@ class WriteHazards:
         return None
 
     def placed(self, node: Node, seg) -> None:
+        roots = {r for _, r in self._read_roots(node)}
+        for r in self._shifted_reads(node, seg):
+            self.shifted.setdefault(r, []).append(seg)
         for _, r in self._read_roots(node):
             self.readers.setdefault(r, []).append((node, seg))
+        roots |= {r for _, r in self._derived_roots(node, seg)}
+        if roots and node.op not in ("copy_", "copy_to_out_"):
+            for o in node.outputs:
+                self.derived[id(o)] = (seg, frozenset(roots))
         if node.op in ("copy_", "copy_to_out_"):
             dst = node.written
             self.writes.setdefault(id(self.root.get(id(dst), dst)), []).append((node, seg))

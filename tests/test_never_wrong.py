@@ -1,0 +1,192 @@
+"""Regressions of an attack on the executor: programs that once gave a silently wrong
+result, lost a gradient or crashed where eager runs. Each runs on the default CPU backend
+and on the lowered kernel programs (``THUNDER_FUSER_KERNELS=torch``, what CUDA runs), and
+compares with eager on values, dtypes and every input the program writes."""
+
+from __future__ import annotations
+
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+
+import thunder_fuser
+from thunder_fuser import fuser_ex
+from tests.helpers import check_vs_eager
+
+
+@pytest.fixture(params=["reference", "lowered"])
+def backend(request, monkeypatch):
+    if request.param == "lowered":
+        monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
+    return request.param
+
+
+def _same(got, want):
+    assert type(got) is type(want)
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape, (got, want)
+        torch.testing.assert_close(got, want, equal_nan=True)
+    else:
+        for g, w in zip(got, want, strict=True):
+            _same(g, w)
+
+
+def test_a_slice_of_a_value_computed_from_a_tensor_written_later_reads_the_old_values(backend):
+    """A kernel computes ``r = x * 2`` again wherever its consumers read it: the slices of
+    ``r`` read ``x`` at other elements, so they may not share the kernel that zeroes ``x``."""
+    def f(x):
+        r = x * 2.0
+        d = r[:, 1:] - r[:, :-1]
+        x.zero_()
+        return r, d
+
+    check_vs_eager(f, torch.arange(12.0).reshape(3, 4))
+    check_vs_eager(lambda x: (x.sum(0), x.zero_()), torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("write", [
+    lambda w: w[0].mul_(2.0), lambda w: w.t().add_(1.0), lambda w: w.view(-1).zero_(), lambda w: w[0].add_(1.0),
+    lambda w: w.mul_(2.0),
+], ids=["index-mul_", "t-add_", "view-zero_", "index-add_", "mul_"])
+def test_an_in_place_write_into_a_leaf_that_requires_grad_raises_as_eager(backend, write):
+    def f(w):
+        write(w)
+        return w.sum()
+
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad is being used in an in-place"):
+        f(torch.ones(2, 3, requires_grad=True))
+    w = torch.ones(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad is being used in an in-place"):
+        thunder.jit(f, executors=[fuser_ex])(w)
+    assert torch.equal(w, torch.ones(2, 3))
+    with torch.no_grad():  # an optimizer's update: allowed, as in eager
+        jw = torch.ones(2, 3, requires_grad=True)
+        thunder.jit(f, executors=[fuser_ex])(jw)
+        ew = torch.ones(2, 3, requires_grad=True)
+        f(ew)
+        assert torch.equal(jw, ew)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_loss_whose_every_target_is_ignored_has_a_zero_gradient(backend, reduction):
+    x = torch.randn(4, 5, requires_grad=True)
+    target = torch.full((4,), -100)
+    jf = thunder.jit(lambda x, t: F.cross_entropy(x, t, reduction=reduction), executors=thunder_fuser.executors())
+    loss = jf(x, target)
+    loss.backward()
+    x2 = x.detach().clone().requires_grad_()
+    want = F.cross_entropy(x2, target, reduction=reduction)
+    want.backward()
+    _same(loss.detach(), want.detach())
+    _same(x.grad, x2.grad)
+
+
+def test_relu_keeps_nan_as_eager_forward_and_backward(backend):
+    x = torch.tensor([float("nan"), 1.0, -1.0, 0.0, float("inf")])
+    check_vs_eager(torch.relu, x)
+    check_vs_eager(F.relu, x.reshape(1, 5))
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    jf = thunder.jit(lambda x: torch.relu(x * 2.0), executors=thunder_fuser.executors())
+    outs = [jf(xs[0]), torch.relu(xs[1] * 2.0)]
+    for o in outs:
+        o.backward(torch.arange(5.0))
+    _same(outs[0].detach(), outs[1].detach())
+    _same(xs[0].grad, xs[1].grad)
+
+
+def test_log_softmax_of_a_row_with_an_infinity_is_nan_as_eager(backend):
+    x = torch.tensor([[float("inf"), 1.0, -2.0], [1.0, 2.0, 3.0], [-float("inf"), 0.0, 1.0]])
+    check_vs_eager(lambda x: torch.log_softmax(x, -1), x)
+    check_vs_eager(lambda x: F.log_softmax(x, 0, dtype=torch.float64), x)
+
+
+@pytest.mark.parametrize("f", [
+    lambda a, b: a.reshape(1, 1) + b, lambda a, b: a.unsqueeze(0) + b, lambda a, b: a.expand(2) * b,
+    lambda a, b: torch.minimum(a.expand(2), b), lambda a, b: a + b,
+], ids=["reshape", "unsqueeze", "expand", "minimum", "0-d"])
+def test_a_view_of_a_0d_tensor_with_dims_promotes_as_a_tensor_with_dims(backend, f):
+    a = torch.tensor(1.5, dtype=torch.bfloat16)
+    b = torch.tensor(2.25)
+    got = thunder.jit(f, executors=[fuser_ex])(a, b)
+    _same(got, f(a, b))
+
+
+@pytest.mark.parametrize("op", ["add", "sub"])
+def test_alpha_scales_in_the_promoted_dtype_and_rounds_once(backend, op):
+    fn = getattr(torch, op)
+    a = torch.randn(256)
+    b = torch.randn(256, dtype=torch.bfloat16)
+    got = thunder.jit(lambda a, b: fn(a, b, alpha=-1.5), executors=[fuser_ex])(a, b)
+    assert torch.equal(got, fn(a, b, alpha=-1.5))
+    c = torch.randn(256, dtype=torch.bfloat16)
+    got = thunder.jit(lambda b, c: fn(b, c, alpha=0.3), executors=[fuser_ex])(b, c)
+    assert torch.equal(got, fn(b, c, alpha=0.3))
+    check_vs_eager(lambda a, b: getattr(a, op + "_")(b, alpha=-1.5), a, b)
+
+
+@pytest.mark.parametrize("scales", [(3.0, 3.0), (3.0, 0.5), (1.0, 1.0)])
+def test_a_second_backward_through_a_retained_loss_graph_is_right(backend, scales):
+    """The two-pass loss scales its saved gradient in place; a second backward scales it
+    from the first one's cotangent to its own (and torch's version check does not fire)."""
+    def f(x, w, t):
+        return F.cross_entropy(x @ w, t)
+
+    x, w, t = torch.randn(4, 8), torch.randn(8, 5), torch.randint(0, 5, (4,))
+    grads = []
+    for fn in (thunder.jit(f, executors=thunder_fuser.executors()), f):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = fn(xs, ws, t)
+        (loss * scales[0]).backward(retain_graph=True)
+        (loss * scales[1]).backward()
+        grads.append((xs.grad, ws.grad))
+    _same(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_a_loss_over_positions_takes_its_gradient_in_the_logits_shape(backend, reduction):
+    """Logits ``[N, C, d]`` with targets ``[N, d]`` (segmentation's layout)."""
+    x = torch.randn(3, 10, 4)
+    t = torch.randint(0, 10, (3, 4))
+    grads = []
+    for fn in (thunder.jit(F.cross_entropy, executors=thunder_fuser.executors()), F.cross_entropy):
+        xs = x.clone().requires_grad_()
+        loss = fn(xs, t, reduction=reduction)
+        loss.sum().backward()
+        grads.append((loss.detach(), xs.grad))
+    _same(grads[0], grads[1])
+
+
+class _Marked(torch.Tensor):
+    pass
+
+
+def test_a_sparse_or_subclass_input_runs_as_torch_runs_it(backend):
+    jf = thunder.jit(lambda x: x * 2.0 + 1.0, executors=[fuser_ex])
+    plain = torch.randn(3, 3)
+    _same(jf(plain), plain * 2.0 + 1.0)
+    _same(jf(plain), plain * 2.0 + 1.0)  # the straight-line code, then another kind of tensor
+    marked = torch.randn(3, 3).as_subclass(_Marked)
+    got = jf(marked)
+    assert type(got) is _Marked and torch.equal(got.as_subclass(torch.Tensor), (marked * 2.0 + 1.0).as_subclass(torch.Tensor))
+    sparse = torch.randn(3, 3).to_sparse()
+    got = thunder.jit(lambda x: x * 2.0, executors=[fuser_ex])(sparse)
+    assert got.layout is torch.sparse_coo and torch.equal(got.to_dense(), sparse.to_dense() * 2.0)
+
+
+def test_copying_a_tensor_onto_itself_is_nothing_to_write(backend):
+    x = torch.randn(1, 4).expand(3, 4)
+    check_vs_eager(lambda x: x.copy_(x), x)
+    check_vs_eager(lambda x: x.copy_(x) + 1.0, torch.randn(3, 4))
+
+
+@pytest.mark.filterwarnings("ignore:The 'symbolic values' cache option")
+@pytest.mark.parametrize("f", [lambda x: F.pad(x, (1, 1)) + 1, lambda x: torch.cat([x, x * 2.0]) + 1],
+                         ids=["pad", "cat"])
+def test_symbolic_shapes_are_left_to_thunder(backend, f):
+    """thunder's ``cache="symbolic values"`` reuses a trace for other extents: a region's plan
+    is built for one shape, so such shapes are not claimed."""
+    jf = thunder.jit(f, executors=[fuser_ex], cache="symbolic values")
+    for n in (3, 5):
+        x = torch.randn(n, 4)
+        _same(jf(x), f(x))

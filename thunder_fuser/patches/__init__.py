@@ -1,0 +1,21 @@
+"""What we change in thunder 0.2.6 when ``thunder_fuser`` is imported: each patch corrects
+a thunder behaviour that would give a user a wrong result or an error where torch runs, for
+every thunder function in the process (ours or not), and says so in its module docstring.
+
+| patch | what it corrects |
+| --- | --- |
+| ``weak_dtypes`` | a view of a 0-d tensor with dims kept the 0-d tensor's weak dtype (type promotion) |
+| ``nll_loss_backward`` | the loss gradient of logits of 3 or 5+ dims came back in another shape |
+"""
+
+from __future__ import annotations
+
+from thunder_fuser.patches.nll_loss_backward import reshape_to_the_logits
+from thunder_fuser.patches.weak_dtypes import strengthen_dims_dtypes
+
+PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_to_the_logits}
+
+
+def apply_patches() -> dict[str, bool]:
+    """Apply every patch; which took (a patch that finds thunder not as expected leaves it)."""
+    return {name: patch() for name, patch in PATCHES.items()}
