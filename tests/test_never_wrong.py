@@ -190,3 +190,32 @@ def test_symbolic_shapes_are_left_to_thunder(backend, f):
     for n in (3, 5):
         x = torch.randn(n, 4)
         _same(jf(x), f(x))
+
+
+def _cl(shape):
+    return torch.randn(shape).to(memory_format=torch.channels_last)
+
+
+def _permuted(shape, order):
+    return torch.randn([shape[d] for d in order]).permute(sorted(range(len(order)), key=lambda i: order[i]))
+
+
+@pytest.mark.parametrize("case", [
+    ("channels-last times contiguous", lambda a, b: a * b, lambda: (_cl((2, 3, 4, 5)), torch.randn(2, 3, 4, 5))),
+    ("contiguous times channels-last", lambda a, b: a * b, lambda: (torch.randn(2, 3, 4, 5), _cl((2, 3, 4, 5)))),
+    ("two permutations", lambda a, b: a + b, lambda: (_cl((2, 3, 4, 5)), _permuted((2, 3, 4, 5), (0, 2, 1, 3)))),
+    ("two permutations swapped", lambda a, b: a + b, lambda: (_permuted((2, 3, 4, 5), (0, 2, 1, 3)), _cl((2, 3, 4, 5)))),
+    ("broadcast first", lambda a, b: a * b, lambda: (torch.randn(3, 1, 1), _cl((2, 3, 4, 5)))),
+    ("softmax over channels", lambda a: torch.softmax(a, 1), lambda: (_cl((2, 3, 4, 5)),)),
+    ("log_softmax", lambda a: torch.log_softmax(a, -1), lambda: (_cl((2, 3, 4, 5)),)),
+    ("layer_norm", lambda a: F.layer_norm(a, (5,)), lambda: (_cl((2, 3, 4, 5)),)),
+    ("a sum of channels-last", lambda a: (a * 2.0).sum(1), lambda: (_cl((2, 3, 4, 5)),)),
+    ("a small sum between kept dims", lambda a: (a * 2.0).sum(1), lambda: (_permuted((2, 2, 2, 2), (0, 1, 3, 2)),)),
+], ids=lambda c: c[0])
+def test_outputs_are_laid_out_as_eager_lays_them_out(backend, case):
+    _, f, make = case
+    args = make()
+    got = thunder.jit(f, executors=[fuser_ex])(*args)
+    want = f(*args)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()

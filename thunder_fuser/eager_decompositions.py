@@ -12,6 +12,9 @@ replaces the op's subsymbols before regions are claimed, anywhere in the trace:
 * ``log_softmax``: thunder's ``a - logsumexp(a)`` drops an infinite max from the shift
   (``log_softmax([inf, 1, -2])`` gives ``[nan, -inf, -inf]``); torch shifts by the max as
   it is, ``(a - max) - log(sum(exp(a - max)))``, so such a row is NaN throughout;
+* ``softmax``, ``log_softmax``, ``layer_norm``: torch's kernels return a contiguous result
+  whatever the input's layout (a channels-last input included); the decomposition's last
+  elementwise op would follow the input's;
 * ``add`` and ``sub`` with ``alpha``: thunder scales the second operand in its own dtype,
   before promotion (a bf16 ``b * alpha``, rounded, then added to fp32 ``a``); torch computes
   ``a + alpha * b`` in the promoted computation dtype and rounds once (reading ``alpha`` in
@@ -56,7 +59,16 @@ def _log_softmax(a, dim, *, dtype=None):
     x = ltorch.to(a, utils.get_computation_dtype(result_dtype))
     shifted = ltorch.sub(x, ltorch.amax(x, dim, keepdim=True))
     out = ltorch.sub(shifted, ltorch.log(ltorch.sum(ltorch.exp(shifted), dim, keepdim=True)))
-    return ltorch.to(out, result_dtype)
+    return ltorch.contiguous(ltorch.to(out, result_dtype))
+
+
+def _contiguous_result(op):
+    """``op`` as thunder decomposes it, its result laid out contiguously as torch's kernel
+    allocates it (softmax, layer_norm: whatever the input's layout)."""
+    def rule(*args, **kwargs):
+        return ltorch.contiguous(op(*args, **kwargs))
+
+    return rule
 
 
 def _scaled(op):
@@ -88,6 +100,8 @@ def _alpha_scales_a_tensor(bsym: BoundSymbol) -> bool:
 RULES: dict[str, tuple[Callable[[BoundSymbol], bool], Callable]] = {
     ltorch.relu.id: (lambda b: isinstance(b.args[0], TensorProxy), _relu),
     ltorch.log_softmax.id: (lambda b: isinstance(b.args[0], TensorProxy), _log_softmax),
+    ltorch._softmax.id: (lambda b: isinstance(b.args[0], TensorProxy), _contiguous_result(ltorch._softmax)),
+    ltorch.layer_norm.id: (lambda b: isinstance(b.args[0], TensorProxy), _contiguous_result(ltorch.layer_norm)),
     ltorch.add.id: (_alpha_scales_a_tensor, _scaled(ltorch.add)),
     ltorch.sub.id: (_alpha_scales_a_tensor, _scaled(ltorch.sub)),
 }

@@ -55,6 +55,9 @@ class Node:
     kwargs: dict
     outputs: tuple[Value, ...]
     text: str = ""
+    # its result is laid out contiguously, as torch allocates a reduction's (kept by the
+    # pointwise ops a small reduction is rewritten into: ``small_reductions.py``)
+    contiguous: bool = False
 
     def inputs(self) -> list[Value]:
         """Distinct tensor and number values this node reads, in argument order."""

@@ -76,8 +76,8 @@ def _unrolled(n: Node) -> list[Node]:
     for k, term in enumerate(terms[1:], 1):
         last = k == len(terms) - 1 and not widen
         total = out if last else Value(f"{out.name}_a{k}", tuple(out.shape), acc_dtype)
-        nodes.append(Node(_COMBINE[n.op], (acc, term), {}, (total,)))
+        nodes.append(Node(_COMBINE[n.op], (acc, term), {}, (total,), contiguous=True))
         acc = total
     if widen:
-        nodes.append(Node("convert_element_type", (acc, out.dtype), {}, (out,)))
+        nodes.append(Node("convert_element_type", (acc, out.dtype), {}, (out,), contiguous=True))
     return nodes

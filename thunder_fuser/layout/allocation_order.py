@@ -1,6 +1,12 @@
 """Allocation-order inference: every value's memory order, from the inputs it depends on.
 
-The rule (NVIDIA/Fuser#1756): the reference is the input with the most non-broadcast dims;
+An elementwise op's output is laid out as torch lays it out (TensorIterator's rule): its
+operands are read in argument order, and for each pair of dims the first operand whose
+strides order them (neither broadcast nor of size one) decides; a pair none orders keeps
+logical order. So a channels-last ``x`` times a contiguous ``y`` is channels-last, and
+``y * x`` contiguous, as in eager; a reduction's result is contiguous, as torch allocates
+it. Other ops (views, resizes) follow a reference
+input (NVIDIA/Fuser#1756): the input with the most non-broadcast dims;
 if inputs of that rank disagree, keep logical order. The output's dims that trace back to
 reference dims are ordered as the reference orders them; dims that trace to nothing
 (new broadcast dims) go outermost in logical order. Tracing goes through pointwise ops,
@@ -167,11 +173,55 @@ def infer_allocation_orders(
             if node.op == "stride_order":  # the order the program asked for (order[d]: dim d's rank)
                 result[id(out)] = tuple(sorted(range(out.ndim), key=lambda d: -node.args[1][d]))
                 continue
+            operands = node.tensor_inputs()
+            if kind_of(node.op) == "reduction" or node.contiguous:  # as torch allocates a reduction's result
+                result[id(out)] = tuple(range(out.ndim))
+                continue
+            if (kind_of(node.op) == "pointwise" and operands and all(v.ndim == out.ndim for v in operands)
+                    and all(id(v) in result for v in operands)):
+                result[id(out)] = eager_order(out.shape, [_strides(v, result[id(v)], prov) for v in operands])
+                continue
             result[id(out)] = _infer_one(out, prov[id(out)], inputs, input_orders, input_broadcast)
         if node.op == "update_aliases":
             for a, o in zip(node.args[0], node.outputs):
                 result[id(o)] = result.get(id(a), tuple(range(o.ndim)))
     return result
+
+
+def _strides(v: Value, order: tuple[int, ...], prov: dict[int, Prov]) -> tuple[int, ...]:
+    """``v``'s strides laid out in ``order``, 0 where a dim is broadcast (traces to no input
+    dim) or of size one: dims that order nothing, as TensorIterator reads them."""
+    p = prov.get(id(v))
+    strides = strides_for_order(v.shape, order)
+    return tuple(0 if v.shape[d] == 1 or (p is not None and not p[d]) else s for d, s in enumerate(strides))
+
+
+def eager_order(shape, operand_strides: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The output order (outermost first) torch's TensorIterator gives an elementwise op of
+    operands with these strides: an insertion sort of the dims, innermost first, where the
+    first operand that orders a pair (both strides non-zero and different) decides it."""
+    n = len(shape)
+
+    def should_swap(d0: int, d1: int) -> int:
+        for strides in operand_strides:
+            s0, s1 = strides[d0], strides[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+        return 0
+
+    perm = list(range(n - 1, -1, -1))  # innermost first
+    for i in range(1, n):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            c = should_swap(perm[dim0], perm[dim1])
+            if c > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif c < 0:
+                break
+    return tuple(reversed(perm))
 
 
 def _infer_one(out: Value, out_prov: Prov, inputs: dict[str, Value], input_orders, input_broadcast) -> tuple[int, ...]:
