@@ -11,6 +11,12 @@ from thunder_fuser._compat import restore_named_tensor_stubs
 
 restore_named_tensor_stubs()  # must run before thunder is imported
 
+import warnings  # noqa: E402
+
+with warnings.catch_warnings():  # thunder's, on every import without transformer_engine: not ours to show
+    warnings.filterwarnings("ignore", message="transformer_engine module not found")
+    import thunder  # noqa: E402, F401
+
 from thunder_fuser.attention import attention_ex  # noqa: E402
 from thunder_fuser.compile_gc import hold_gc_while_compiling  # noqa: E402
 from thunder_fuser.executor import fuser_ex  # noqa: E402
@@ -50,12 +56,11 @@ def transforms(launch_runs: bool | None = None) -> list:
     ``launch_runs`` (default: on, unless ``THUNDER_FUSER_LAUNCH_RUNS=0``): what runs buy
     and what they cost (one cuBLAS workspace per process, 32 MiB on the H100) is in
     ``runtime/launch_run.py``."""
-    import os
-
+    from thunder_fuser import config
     from thunder_fuser.prologue import FastPrologue
 
     if launch_runs is None:
-        launch_runs = os.environ.get("THUNDER_FUSER_LAUNCH_RUNS", "1") != "0"
+        launch_runs = config.flag("THUNDER_FUSER_LAUNCH_RUNS")
     if not launch_runs:
         return [FastPrologue()]
     from thunder_fuser.launch_runs import LaunchRuns

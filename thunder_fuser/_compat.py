@@ -37,9 +37,9 @@ def thunder_0_2_6(switch: str):
     """thunder, where a patch of ours read from its 0.2.6 source may go on it: None where
     the environment variable ``switch`` is ``0``, thunder is missing, or it is another
     release (the patches check the functions they replace as well)."""
-    import os
+    from thunder_fuser import config
 
-    if os.environ.get(switch, "1") == "0":
+    if not config.flag(switch):
         return None
     try:
         import thunder

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import functools
 import gc
-import os
 
 from thunder_fuser._compat import thunder_0_2_6
+from thunder_fuser import config
 
 COMPILE_THRESHOLD = 100_000
 
 _saved: list = []  # the thresholds to restore, while a compile runs (nested compiles: the outermost's)
-_ON = os.environ.get("THUNDER_FUSER_COMPILE_GC", "1") != "0"
+_ON = config.flag("THUNDER_FUSER_COMPILE_GC")
 
 
 def _hold() -> None:

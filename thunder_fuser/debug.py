@@ -1,15 +1,16 @@
-"""``THUNDER_FUSER_DUMP=region,segments,layout,kernels`` prints each stage as it runs
-(like nvFuser's ``NVFUSER_DUMP``), with no code change. ``all`` prints every stage."""
+"""``THUNDER_FUSER_DUMP=region,segments,layout`` prints each stage as it runs (like
+nvFuser's ``NVFUSER_DUMP``), with no code change. ``all`` prints every stage; an unknown
+stage is an error that lists the valid ones (``config.py``)."""
 
 from __future__ import annotations
 
-import os
 import sys
+
+from thunder_fuser import config
 
 
 def enabled(stage: str) -> bool:
-    spec = os.environ.get("THUNDER_FUSER_DUMP", "")
-    parts = {p.strip() for p in spec.split(",") if p.strip()}
+    parts = config.items("THUNDER_FUSER_DUMP")
     return stage in parts or "all" in parts
 
 

@@ -9,7 +9,6 @@ the region IR.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 
@@ -51,6 +50,7 @@ from thunder_fuser.printing import op_line, segment_lines
 from thunder_fuser.runtime.region_runner import RegionRunner, region_runner
 from thunder_fuser.runtime.straight_line import StraightLineWarning
 from thunder_fuser.segment import segment_region
+from thunder_fuser import config
 
 _UNSUPPORTED_DTYPES = (dtypes.complex32, dtypes.complex64, dtypes.complex128) + tuple(
     d for d in dtypes.all_dtypes if "float8" in str(d)
@@ -88,6 +88,9 @@ class FusionBoundSymbol(BoundSymbol):
         return lines
 
 
+_FIRST_PASS = "partition: regions before rematerialization"
+
+
 class FuserExecutor(FusionExecutor):
     def __init__(self):
         super().__init__("fuser", version=torch.__version__)
@@ -97,6 +100,8 @@ class FuserExecutor(FusionExecutor):
         self._copyable: frozenset[str] = frozenset()  # names whose aliasing nothing observes
         self._dead_inputs: dict = {}  # a fusion's output names -> its inputs it may write over
         self._kept_apart: frozenset[int] = frozenset()  # during fusion_pass: ``contiguous_of_resizes``
+        # which of fusion_pass's two builds of each region runs (the dumps name it)
+        self._pass = _FIRST_PASS
         for name in SUPPORTED:
             sym = copy_to_out_ if name == "copy_to_out_" else getattr(prims, name)
             self.register_supported(sym.id, _checker)
@@ -148,7 +153,8 @@ class FuserExecutor(FusionExecutor):
         ir.matmul_reads = {o.name: self._matmul_reads[o.name] for o in outputs if o.name in self._matmul_reads}
         ir.copyable_outputs = frozenset(o.name for o in outputs if o.name in self._copyable)
         ir.dead_inputs = self._dead_inputs.get(tuple(o.name for o in outputs), frozenset())
-        debug.dump("region", lambda: "\n".join([name] + [op_line(n) for n in ir.nodes]))
+        title = f"{name} ({self._pass})"
+        debug.dump("region", lambda: "\n".join([title] + [op_line(n) for n in ir.nodes]))
         functionalize(ir)
         same_values(ir)
         read_scalars_unbroadcast(ir)
@@ -156,7 +162,7 @@ class FuserExecutor(FusionExecutor):
         small_reductions_as_pointwise(ir)
         reshape_first(ir)
         segments = segment_region(ir)
-        debug.dump("segments", lambda: "\n".join([name] + segment_lines(segments)))
+        debug.dump("segments", lambda: "\n".join([title] + segment_lines(segments)))
         runner = region_runner(ir, segments)
         subsymbols = _with_copy_to_out(flat, ir)
         sym = Symbol(name, meta=None, is_fusion=True, executor=self, _bind_postprocess=_keep_segment_printing)
@@ -214,9 +220,11 @@ class FuserExecutor(FusionExecutor):
             # (a bug of ours all the same: the test suite makes this warning an error)
             warnings.warn(f"no dead inputs found ({type(e).__name__}: {e})", StraightLineWarning)
             self._dead_inputs = {}
+        self._pass = "final build: the regions the trace calls"
         try:
             out = update_fusion_call_ctx(out)
         finally:
+            self._pass = _FIRST_PASS
             self._matmul_reads, self._copyable, self._dead_inputs = {}, frozenset(), {}
             self._kept_apart = frozenset()
         ms = (time.perf_counter_ns() - start) // 1_000_000
@@ -232,7 +240,7 @@ _MATMUL_NAMES = {"matmul": "matmul", "bmm": "matmul", "linear": "linear"}
 def _dissolving() -> bool:
     """``hoist_externs.dissolve_runs``, on unless ``THUNDER_FUSER_DISSOLVE=0`` (read at each
     fusion pass: a step traced with it off keeps the regions it made)."""
-    return os.environ.get("THUNDER_FUSER_DISSOLVE", "1") not in ("", "0")
+    return config.flag("THUNDER_FUSER_DISSOLVE")
 
 
 def _on_cuda(trace: TraceCtx) -> bool:

@@ -8,10 +8,10 @@ lowered programs with torch on any device: the CPU check of lowering and geometr
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
+from thunder_fuser import config
 
 KERNEL_KINDS = ("pointwise", "transpose", "resize", "reduction", "normalization")
 _warned: set = set()
@@ -43,7 +43,7 @@ def cute_available() -> bool:
 
 
 def kernel_mode(env, region) -> str | None:
-    if os.environ.get("THUNDER_FUSER_KERNELS", "auto") == "torch":
+    if config.choice("THUNDER_FUSER_KERNELS") == "torch":
         return "torch"
     dev = _device_of(env, region)
     return "cute" if dev is not None and cute_on(dev.type) else None
@@ -52,7 +52,7 @@ def kernel_mode(env, region) -> str | None:
 def cute_on(device_type: str) -> bool:
     """Do CuTe kernels run on a device of this type (``THUNDER_FUSER_KERNELS``: ``auto``,
     the default, where the DSL imports; ``cute``; ``torch`` or ``off``: never)?"""
-    choice = os.environ.get("THUNDER_FUSER_KERNELS", "auto")
+    choice = config.choice("THUNDER_FUSER_KERNELS")
     return device_type == "cuda" and (choice == "cute" or (choice == "auto" and cute_available()))
 
 

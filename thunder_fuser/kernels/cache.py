@@ -14,6 +14,7 @@ place, which is atomic, so a reader sees a whole file or none.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 import os
 import sys
 import tempfile
@@ -21,8 +22,11 @@ import time
 from pathlib import Path
 
 from thunder_fuser.kernels import progress
+from thunder_fuser import config
 
-_memory: dict[str, object] = {}
+# digest -> loaded kernel, least recently used first: at most THUNDER_FUSER_MAX_KERNELS (a
+# process that meets many shapes or programs must not grow without bound; the disk keeps all)
+_memory: OrderedDict[str, object] = OrderedDict()
 _compiled: dict[int, object] = {}  # id of a function in _memory -> what cute.compile returned (its PTX)
 stats = {"compiled": 0, "loaded": 0, "hits": 0, "compile_s": 0.0, "load_s": 0.0, "queued": 0}
 
@@ -43,7 +47,7 @@ def fingerprint() -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("THUNDER_FUSER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "thunder_fuser")
+    root = config.raw("THUNDER_FUSER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "thunder_fuser")
     return Path(root) / fingerprint()
 
 
@@ -52,7 +56,7 @@ def key_digest(key) -> str:
 
 
 def disk_cache_on() -> bool:
-    return os.environ.get("THUNDER_FUSER_DISK_CACHE", "1") != "0"
+    return config.flag("THUNDER_FUSER_DISK_CACHE")
 
 
 def cached(digest: str) -> bool:
@@ -69,6 +73,7 @@ def get_or_compile(key, build, directory: Path | None = None, digest: str | None
     fn = _memory.get(digest)
     if fn is not None:
         stats["hits"] += 1
+        _memory.move_to_end(digest)
         return fn
     name = f"tf_{digest}"
     path = Path(directory or cache_dir()) / f"{name}.o"
@@ -94,6 +99,10 @@ def get_or_compile(key, build, directory: Path | None = None, digest: str | None
         fn = direct_function(compiled)
         _compiled[id(fn)] = compiled
     _memory[digest] = fn
+    bound = config.integer("THUNDER_FUSER_MAX_KERNELS")
+    while bound is not None and bound > 0 and len(_memory) > bound:
+        _, old = _memory.popitem(last=False)
+        _compiled.pop(id(old), None)
     return fn
 
 

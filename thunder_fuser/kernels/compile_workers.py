@@ -42,6 +42,7 @@ import threading
 from concurrent.futures import Future
 
 from thunder_fuser.kernels import cache, progress
+from thunder_fuser import config
 
 _jobs: queue.Queue = queue.Queue()
 _pending: dict[str, Future] = {}
@@ -69,9 +70,9 @@ def count() -> int:
     """How many workers compile kernels (0: none, the calling process compiles)."""
     if _paused[0]:
         return 0
-    v = os.environ.get("THUNDER_FUSER_COMPILE_WORKERS")
-    if v is not None and v.strip():
-        return max(0, int(v))
+    v = config.integer("THUNDER_FUSER_COMPILE_WORKERS")
+    if v is not None:
+        return max(0, v)
     return min(8, max(0, (os.cpu_count() or 1) - 2))
 
 
@@ -190,7 +191,7 @@ COMMAND = [sys.executable, "-c", _BOOTSTRAP, os.path.dirname(os.path.dirname(os.
 
 
 def _start_worker(arch: str) -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env = dict(config.environment(), PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     env["THUNDER_FUSER_COMPILE_WORKERS"] = "0"
     env["CUDA_VISIBLE_DEVICES"] = ""  # compiling for ``arch`` needs no GPU: no CUDA context per worker
     proc = subprocess.Popen(COMMAND + [arch], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -299,7 +300,7 @@ def _serve(arch: str) -> None:
             digest, (kind, job), arch, directory = pickle.loads(_read(sys.stdin.buffer))
         except EOFError:
             return
-        os.environ["CUTE_DSL_ARCH"] = arch
+        config.set_for_children("CUTE_DSL_ARCH", arch)
         error = None
         try:
             if kind == "members":

@@ -12,12 +12,12 @@ place, ``thunder_fuser: compiling kernels: 12 compiled (8.1 s), 3 from the disk 
 
 from __future__ import annotations
 
-import os
 import sys
+from thunder_fuser import config
 
 
 def _mode() -> str:
-    v = os.environ.get("THUNDER_FUSER_PROGRESS", "auto")
+    v = config.choice("THUNDER_FUSER_PROGRESS")
     if v == "auto":
         return "line" if sys.stderr.isatty() else "off"
     return {"0": "off", "1": "log"}.get(v, "off")

@@ -11,7 +11,6 @@ the CPU test-suite checks lowering and geometry end to end.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -44,6 +43,7 @@ from thunder_fuser.kernels.operands import Geometry
 from thunder_fuser.kernels.unsupported import Unsupported
 from thunder_fuser.layout import strides_for_order
 from thunder_fuser.segment.views import alias_views
+from thunder_fuser import config
 
 
 class _Part:
@@ -396,8 +396,8 @@ def _sm_count(device) -> int:
 def arch_of(device) -> str:
     """The GPU architecture kernels are compiled for: ``CUTE_DSL_ARCH``, else the device's,
     else an H100's (off a GPU)."""
-    if os.environ.get("CUTE_DSL_ARCH"):
-        return os.environ["CUTE_DSL_ARCH"]
+    if config.raw("CUTE_DSL_ARCH"):
+        return config.raw("CUTE_DSL_ARCH")
     if device is not None and getattr(device, "type", None) == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         return f"sm_{major}{minor}" + ("a" if major >= 9 else "")

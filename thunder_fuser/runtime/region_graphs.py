@@ -46,10 +46,10 @@ key, which is what keeps a real replay correct.
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import torch
+from thunder_fuser import config
 
 # a region with fewer launches keeps its plain code (2 was no better on the H100: pythia
 # 0.96 / 0.97, Qwen2 1.07 / 0.96 against 1 above)
@@ -70,7 +70,7 @@ _off = [0]  # > 0 inside ``turned_off``
 def wanted(device) -> bool:
     """Write region code with a graph: on a CUDA device unless turned off, and in the tests'
     stand-in mode."""
-    if os.environ.get("THUNDER_FUSER_REGION_GRAPHS", "1") in ("", "0") or _off[0]:
+    if not config.flag("THUNDER_FUSER_REGION_GRAPHS") or _off[0]:
         return False
     if STAND_IN:
         return True

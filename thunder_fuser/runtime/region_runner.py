@@ -8,7 +8,9 @@ copies torch makes for a region's outputs, to the region that launched it
 
 from __future__ import annotations
 
-import os
+
+import warnings
+from collections import OrderedDict
 
 import torch
 
@@ -18,13 +20,21 @@ from thunder_fuser.backends.reference import run_nodes
 from thunder_fuser.runtime.plan import Plan, build_plan, plain_tensors, spec_key
 from thunder_fuser.runtime.straight_line import straight_line
 from thunder_fuser.segment import Segment
+from thunder_fuser import config
+
+
+class RespecializationWarning(UserWarning):
+    """A region keeps meeting new input layouts: each builds a plan (and may compile kernels)."""
 
 
 class RegionRunner:
     def __init__(self, region: Region, segments: list[Segment]):
         self.region = region
         self.segments = segments
-        self.plans: dict[tuple, Plan] = {}
+        # one plan per layout of the inputs met, least recently used first: at most
+        # THUNDER_FUSER_MAX_PLANS (``plan_for``)
+        self.plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self.respecialized_warned = False
         self.__name__ = region.name
         # the first plan's calls as generated straight-line code (``straight_line``), written
         # after its first call; it returns None for a call it does not fit
@@ -38,7 +48,23 @@ class RegionRunner:
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = build_plan(self.region, self.segments, args)
+            self._bound_plans()
+        else:
+            self.plans.move_to_end(key)
         return plan
+
+    def _bound_plans(self) -> None:
+        bound = config.integer("THUNDER_FUSER_MAX_PLANS")
+        if bound is None or bound <= 0 or len(self.plans) < bound:
+            return
+        if not self.respecialized_warned:
+            self.respecialized_warned = True
+            warnings.warn(
+                f"region {self.region.name} has built {len(self.plans)} plans, one for each layout of its inputs "
+                f"it met (strides); it keeps the {bound} most recently used (THUNDER_FUSER_MAX_PLANS)",
+                RespecializationWarning, stacklevel=4)
+        while len(self.plans) > bound:
+            self.plans.popitem(last=False)
 
     def __call__(self, *args):
         # ``call``'s two lines, not a call of it: a frame less (a step makes 30-34 region calls)
@@ -64,12 +90,11 @@ class RegionRunner:
             self.run.flush()
         if not plain_tensors(args):
             return self.as_torch(args)
-        key = spec_key(args)
-        plan = self.plans.get(key) or self.plan_for(args)
+        plan = self.plan_for(args)
         out = plan.run(args)
         if not self.fast_tried and plan.settled():  # not while kernels compile in workers
             self.fast_tried = True
-            self.fast = straight_line(plan, key, self.run)
+            self.fast = straight_line(plan, spec_key(args), self.run)
         return out
 
 
@@ -90,5 +115,5 @@ class RangedRegionRunner(RegionRunner):
 
 
 def region_runner(region: Region, segments: list[Segment]) -> RegionRunner:
-    ranged = os.environ.get("THUNDER_FUSER_RANGES", "") not in ("", "0")
+    ranged = config.flag("THUNDER_FUSER_RANGES")
     return (RangedRegionRunner if ranged else RegionRunner)(region, segments)
