@@ -527,7 +527,7 @@ FAMILIES = {
     "pointwise bf16 with broadcast": (gelu_bias, lambda: (_r(33, 4096, dtype=torch.bfloat16), _r(4096, dtype=torch.bfloat16))),
     "pointwise ragged 1-D": (lambda a: torch.exp(a) * 2, lambda: (_r(4097),)),
     "pointwise gather (transposed input, contiguous along a dim too short to stage)": (
-        lambda a, b: a * b, lambda: (_r(40, 8).t(), _r(8, 40))
+        lambda a, b: b * a, lambda: (_r(40, 8).t(), _r(8, 40))
     ),
     "pointwise staged through shared memory (a tiled transpose; bf16, 3-D, ragged tiles)": (
         lambda a, b: a * b.transpose(1, 2), lambda: (_r(3, 40, 72, dtype=torch.bfloat16), _r(3, 72, 40, dtype=torch.bfloat16))

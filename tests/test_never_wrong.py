@@ -219,3 +219,65 @@ def test_outputs_are_laid_out_as_eager_lays_them_out(backend, case):
     want = f(*args)
     torch.testing.assert_close(got, want)
     assert got.stride() == want.stride()
+
+
+def test_a_tensor_past_32_bit_offsets_runs_on_torch_not_a_kernel(backend, monkeypatch):
+    """Kernels of every family but the row kernels index in 32 bits: a segment with a tensor
+    of 2**31 elements or more runs on torch (here the bound is lowered to see it on the CPU)."""
+    from thunder_fuser import explain
+    from thunder_fuser.runtime import plan
+
+    monkeypatch.setattr(plan, "INT32_ELEMENTS", 64)
+    x = torch.randn(9, 8)
+    jfn, _ = check_vs_eager(lambda x: torch.tanh(x / 3.0) * 3.0, x)
+    if backend == "lowered":
+        assert "indexes in 32 bits, torch runs the segment" in explain(jfn)
+    check_vs_eager(lambda x: torch.tanh(x[:4] / 3.0) * 3.0, torch.randn(4, 8))  # small: a kernel
+
+
+def _big(n: int, dtype=torch.bfloat16) -> torch.Tensor:
+    return torch.randn(n, dtype=dtype, device="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", [
+    ("pointwise (Gemma-2's soft-capping)", lambda x: torch.tanh(x / 30.0) * 30.0, lambda: (_big(2**31 + 4096),)),
+    ("row reduction", lambda x: x.float().sum(-1), lambda: (_big(2**31 + 2048).view(-1, 2048),)),
+    ("resize (a pad)", lambda x: F.pad(x, (0, 8)) * 2.0, lambda: (_big(2**31 + 2048).view(-1, 2048),)),
+    ("softmax rows", lambda x: torch.softmax(x, -1), lambda: (_big(2**31 + 4096).view(-1, 4096),)),
+], ids=lambda c: c[0])
+def test_tensors_past_2_31_elements_on_cuda(case):
+    _, f, make = case
+    (x,) = make()
+    got = thunder.jit(f, executors=[fuser_ex])(x)
+    want = f(x)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    del got, want
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("f", [
+    lambda b: b * b.sum(), lambda b: torch.add(b, b.sum(), alpha=-1.5), lambda b: b / (b.amax().abs() + 1),
+    lambda b: torch.tanh(b) / (b.mean() + 3.0),
+], ids=["times its sum", "add alpha", "over its max", "over its mean"])
+def test_the_gradient_of_a_computed_0d_tensor_broadcast_elementwise_is_summed(backend, f):
+    """thunder 0.2.6's grad rules handed the 0-d operand an unsummed gradient (silently wrong
+    with its own executors too): ``patches/scalar_tensor_grads.py``."""
+    grads = []
+    for fn in (thunder.jit(f, executors=thunder_fuser.executors()), f):
+        b = torch.linspace(-1.0, 2.0, 15, dtype=torch.float64).reshape(5, 3).requires_grad_()
+        fn(b).sum().backward()
+        grads.append(b.grad)
+    _same(grads[0], grads[1])
+
+
+def test_a_0d_input_broadcast_against_a_tensor_gets_its_gradient_summed(backend):
+    def f(a, b):
+        return torch.tanh(a) / (b.abs() + 1)
+
+    grads = []
+    for fn in (thunder.jit(f, executors=thunder_fuser.executors()), f):
+        a, b = torch.ones(1, 1, 2, requires_grad=True), torch.tensor(0.5, requires_grad=True)
+        fn(a, b).sum().backward()
+        grads.append((a.grad, b.grad))
+    _same(grads[0], grads[1])

@@ -104,8 +104,8 @@ def test_one_template_per_segment_over_a_stack_of_norms():
 
 
 def test_transposed_input_makes_a_transpose_segment_and_explain_says_so():
-    def f(x, y):
-        return x + y
+    def f(x, y):  # the contiguous operand first: eager lays the output out as it (TensorIterator)
+        return y + x
 
     jfn, out = check_vs_eager(f, torch.randn(8, 16).t(), torch.randn(16, 8))
     assert out.stride() == (8, 1)
@@ -132,8 +132,9 @@ def test_dump_env_var_prints_each_stage(monkeypatch, capsys):
 
     check_vs_eager(f, torch.randn(4, 8), torch.randn(8))
     err = capsys.readouterr().err
-    assert "[thunder_fuser:region]\nfuser0\nt0 = prims.broadcast_in_dim(b, (4, 8), (1,))" in err
-    assert "[thunder_fuser:segments]\nfuser0\nsegment 0 [normalization: amax over dims (1,)]  (b, x) -> (t16)" in err
+    first = "fuser0 (partition: regions before rematerialization)"
+    assert f"[thunder_fuser:region]\n{first}\nt0 = prims.broadcast_in_dim(b, (4, 8), (1,))" in err
+    assert "[thunder_fuser:segments]\nfuser0 (final build: the regions the trace calls)\nsegment 0 [normalization: amax over dims (1,)]  (b, x) -> (t16)" in err
     assert "[thunder_fuser:layout]\nfuser0: inputs b order (0,), x order (0, 1)\n  output t16 (4, 8) allocation order (0, 1)" in err
 
 

@@ -13,8 +13,8 @@ replaces the op's subsymbols before regions are claimed, anywhere in the trace:
   (``log_softmax([inf, 1, -2])`` gives ``[nan, -inf, -inf]``); torch shifts by the max as
   it is, ``(a - max) - log(sum(exp(a - max)))``, so such a row is NaN throughout;
 * ``softmax``, ``log_softmax``, ``layer_norm``: torch's kernels return a contiguous result
-  whatever the input's layout (a channels-last input included); the decomposition's last
-  elementwise op would follow the input's;
+  whatever the input's layout (a channels-last input included), where the decomposition's
+  last elementwise op would follow the input's: their results are tagged ``CONTIGUOUS``;
 * ``add`` and ``sub`` with ``alpha``: thunder scales the second operand in its own dtype,
   before promotion (a bf16 ``b * alpha``, rounded, then added to fp32 ``a``); torch computes
   ``a + alpha * b`` in the promoted computation dtype and rounds once (reading ``alpha`` in
@@ -32,6 +32,8 @@ from thunder.core.prims import get_grad, put_grad
 from thunder.core.proxies import TensorProxy, variableify
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, from_trace, tracectx
+
+from thunder_fuser.ir.from_thunder import CONTIGUOUS
 
 
 def _relu(a, inplace=False):
@@ -59,16 +61,7 @@ def _log_softmax(a, dim, *, dtype=None):
     x = ltorch.to(a, utils.get_computation_dtype(result_dtype))
     shifted = ltorch.sub(x, ltorch.amax(x, dim, keepdim=True))
     out = ltorch.sub(shifted, ltorch.log(ltorch.sum(ltorch.exp(shifted), dim, keepdim=True)))
-    return ltorch.contiguous(ltorch.to(out, result_dtype))
-
-
-def _contiguous_result(op):
-    """``op`` as thunder decomposes it, its result laid out contiguously as torch's kernel
-    allocates it (softmax, layer_norm: whatever the input's layout)."""
-    def rule(*args, **kwargs):
-        return ltorch.contiguous(op(*args, **kwargs))
-
-    return rule
+    return ltorch.to(out, result_dtype)
 
 
 def _scaled(op):
@@ -100,11 +93,21 @@ def _alpha_scales_a_tensor(bsym: BoundSymbol) -> bool:
 RULES: dict[str, tuple[Callable[[BoundSymbol], bool], Callable]] = {
     ltorch.relu.id: (lambda b: isinstance(b.args[0], TensorProxy), _relu),
     ltorch.log_softmax.id: (lambda b: isinstance(b.args[0], TensorProxy), _log_softmax),
-    ltorch._softmax.id: (lambda b: isinstance(b.args[0], TensorProxy), _contiguous_result(ltorch._softmax)),
-    ltorch.layer_norm.id: (lambda b: isinstance(b.args[0], TensorProxy), _contiguous_result(ltorch.layer_norm)),
     ltorch.add.id: (_alpha_scales_a_tensor, _scaled(ltorch.add)),
     ltorch.sub.id: (_alpha_scales_a_tensor, _scaled(ltorch.sub)),
 }
+
+
+# ops whose torch kernel returns a contiguous result whatever its input's layout: their
+# result's proxy is tagged, and a region lays out the value so (``ir/from_thunder.py``)
+CONTIGUOUS_RESULTS = frozenset((ltorch._softmax.id, ltorch.log_softmax.id, ltorch.layer_norm.id))
+
+
+def _tag_contiguous_results(bsyms) -> None:
+    for b in bsyms:
+        if b.sym.id in CONTIGUOUS_RESULTS and isinstance(b.output, TensorProxy):
+            b.output.tags.add(CONTIGUOUS)
+        _tag_contiguous_results(b.subsymbols)
 
 
 def _applies(bsym: BoundSymbol) -> bool:
@@ -138,7 +141,9 @@ def _rewritten(trace: TraceCtx, bsym: BoundSymbol) -> BoundSymbol:
 
 def eager_decompositions(trace: TraceCtx) -> TraceCtx:
     """``trace`` with the ops of ``RULES`` decomposed as torch computes them (itself where
-    none occurs). New intermediates are named in ``trace``'s namespace."""
+    none occurs). New intermediates are named in ``trace``'s namespace. The results of
+    ``CONTIGUOUS_RESULTS`` are tagged."""
+    _tag_contiguous_results(trace.bound_symbols)
     if not _needs(trace.bound_symbols):
         return trace
     out = from_trace(trace)

@@ -80,6 +80,7 @@ def functionalize(region: Region) -> Region:
             # identity on values (thunder's `.to(same dtype)`): reading through it would
             # hide that a copy's source is fresh, or that a read is aligned with a write
             subst[id(node.output)] = node.args[0]
+            node.args[0].contiguous |= node.output.contiguous
             continue
         nodes.append(node)
     region.nodes = nodes

@@ -14,6 +14,8 @@ from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
 from thunder.core.symbol import BoundSymbol
 
 from thunder_fuser.ir.ops import SUPPORTED
+
+CONTIGUOUS = "thunder_fuser: contiguous as torch's kernel returns it"  # a proxy tag: ``eager_decompositions``
 from thunder_fuser.ir.region import Node, Region, Value
 
 
@@ -103,6 +105,8 @@ def build_region(
         args = b.convert(tuple(bsym.args))
         kwargs = {k: b.convert(v) for k, v in bsym.kwargs.items()}
         outs = tuple(b.value(o) for o in bsym.flat_proxy_outs)
+        for o, v in zip(bsym.flat_proxy_outs, outs):
+            v.contiguous = CONTIGUOUS in o.tags
         nodes.append(Node(op_name(bsym), args, kwargs, outs, bsym_text(bsym)))
     out_values = [b.value(p) for p in outputs]
     device = "cpu"

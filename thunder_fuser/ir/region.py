@@ -29,6 +29,9 @@ class Value:
     is_tensor: bool = True
     broadcast_dims: frozenset[int] = frozenset()
     allocation_order: tuple[int, ...] | None = None
+    # laid out contiguously, as torch's kernel returns it (softmax's result; a reduction's,
+    # also when it is rewritten into pointwise ops: ``small_reductions.py``)
+    contiguous: bool = False
 
     @property
     def ndim(self) -> int:
@@ -55,9 +58,6 @@ class Node:
     kwargs: dict
     outputs: tuple[Value, ...]
     text: str = ""
-    # its result is laid out contiguously, as torch allocates a reduction's (kept by the
-    # pointwise ops a small reduction is rewritten into: ``small_reductions.py``)
-    contiguous: bool = False
 
     def inputs(self) -> list[Value]:
         """Distinct tensor and number values this node reads, in argument order."""

@@ -55,6 +55,7 @@ def _is_small(n: Node) -> bool:
 
 def _unrolled(n: Node) -> list[Node]:
     x, dims, out = n.args[0], tuple(sorted(n.args[1])), n.output
+    out.contiguous = True  # as torch allocates a reduction's result, whatever x's layout
     widen = n.op == "sum" and x.dtype in (torch.float16, torch.bfloat16)
     acc_dtype = torch.float32 if widen else out.dtype
     nodes: list[Node] = []
@@ -75,9 +76,9 @@ def _unrolled(n: Node) -> list[Node]:
     acc = terms[0]
     for k, term in enumerate(terms[1:], 1):
         last = k == len(terms) - 1 and not widen
-        total = out if last else Value(f"{out.name}_a{k}", tuple(out.shape), acc_dtype)
-        nodes.append(Node(_COMBINE[n.op], (acc, term), {}, (total,), contiguous=True))
+        total = out if last else Value(f"{out.name}_a{k}", tuple(out.shape), acc_dtype, contiguous=True)
+        nodes.append(Node(_COMBINE[n.op], (acc, term), {}, (total,)))
         acc = total
     if widen:
-        nodes.append(Node("convert_element_type", (acc, out.dtype), {}, (out,), contiguous=True))
+        nodes.append(Node("convert_element_type", (acc, out.dtype), {}, (out,)))
     return nodes

@@ -5,7 +5,8 @@ operands are read in argument order, and for each pair of dims the first operand
 strides order them (neither broadcast nor of size one) decides; a pair none orders keeps
 logical order. So a channels-last ``x`` times a contiguous ``y`` is channels-last, and
 ``y * x`` contiguous, as in eager; a reduction's result is contiguous, as torch allocates
-it. Other ops (views, resizes) follow a reference
+it; a view keeps its operand's order; ``cat`` and ``pad`` are contiguous unless all their
+operands are channels-last (torch's suggested memory format). What is left follows a reference
 input (NVIDIA/Fuser#1756): the input with the most non-broadcast dims;
 if inputs of that rank disagree, keep logical order. The output's dims that trace back to
 reference dims are ordered as the reference orders them; dims that trace to nothing
@@ -174,18 +175,42 @@ def infer_allocation_orders(
                 result[id(out)] = tuple(sorted(range(out.ndim), key=lambda d: -node.args[1][d]))
                 continue
             operands = node.tensor_inputs()
-            if kind_of(node.op) == "reduction" or node.contiguous:  # as torch allocates a reduction's result
+            if kind_of(node.op) == "reduction" or out.contiguous:  # as torch allocates a reduction's result
                 result[id(out)] = tuple(range(out.ndim))
                 continue
-            if (kind_of(node.op) == "pointwise" and operands and all(v.ndim == out.ndim for v in operands)
-                    and all(id(v) in result for v in operands)):
-                result[id(out)] = eager_order(out.shape, [_strides(v, result[id(v)], prov) for v in operands])
+            # a 0-d operand (thunder's prims take one beside a tensor with dims) orders nothing
+            full = [v for v in operands if v.ndim]
+            if (kind_of(node.op) == "pointwise" and full and all(v.ndim == out.ndim and id(v) in result for v in full)):
+                result[id(out)] = eager_order(out.shape, [_strides(v, result[id(v)], prov) for v in full])
+                continue
+            if node.op in ("cat", "pad"):  # torch allocates them in its suggested memory format
+                result[id(out)] = _suggested_format(out, [result.get(id(v)) for v in operands])
+                continue
+            if node.op in _VIEWS and operands and id(operands[0]) in result:
+                # a view keeps its operand's strides (so eager's next op sees them)
+                src = operands[0]
+                through = tuple(frozenset((src.name, d, p, n) for d, p, n in reads)
+                                for reads in _node_dim_map(node, src))
+                result[id(out)] = _order_from_reference(out, through, src, result[id(src)])
                 continue
             result[id(out)] = _infer_one(out, prov[id(out)], inputs, input_orders, input_broadcast)
         if node.op == "update_aliases":
             for a, o in zip(node.args[0], node.outputs):
                 result[id(o)] = result.get(id(a), tuple(range(o.ndim)))
     return result
+
+
+_VIEWS = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy", "slice_prim")
+
+
+def _suggested_format(out: Value, operand_orders: list) -> tuple[int, ...]:
+    """torch's ``suggest_memory_format`` for ``cat`` and ``pad``: channels-last where every
+    operand is laid out so (4-D or 5-D), else contiguous."""
+    n = out.ndim
+    channels_last = (0, *range(2, n), 1) if n in (4, 5) else None
+    if channels_last is not None and operand_orders and all(o == channels_last for o in operand_orders):
+        return channels_last
+    return tuple(range(n))
 
 
 def _strides(v: Value, order: tuple[int, ...], prov: dict[int, Prov]) -> tuple[int, ...]:

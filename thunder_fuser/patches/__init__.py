@@ -6,17 +6,19 @@ every thunder function in the process (ours or not), and says so in its module d
 | --- | --- |
 | ``weak_dtypes`` | a view of a 0-d tensor with dims kept the 0-d tensor's weak dtype (type promotion) |
 | ``nll_loss_backward`` | the loss gradient of logits of 3 or more dims, or of a summed fp32 loss, failed or came back in another shape |
+| ``scalar_tensor_grads`` | the gradient of a 0-d tensor broadcast by an elementwise op was not summed (silently wrong) |
 | ``trace_cache`` | a ``thunder.jit`` function kept every trace it made: bounded by ``THUNDER_FUSER_MAX_TRACES`` |
 """
 
 from __future__ import annotations
 
 from thunder_fuser.patches.nll_loss_backward import reshape_to_the_logits
+from thunder_fuser.patches.scalar_tensor_grads import sum_scalar_tensor_grads
 from thunder_fuser.patches.trace_cache import bound_thunders_trace_cache
 from thunder_fuser.patches.weak_dtypes import strengthen_dims_dtypes
 
 PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_to_the_logits,
-           "trace_cache": bound_thunders_trace_cache}
+           "scalar_tensor_grads": sum_scalar_tensor_grads, "trace_cache": bound_thunders_trace_cache}
 
 
 def apply_patches() -> dict[str, bool]:

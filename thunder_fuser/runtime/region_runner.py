@@ -88,7 +88,7 @@ class RegionRunner:
     def _general(self, args):
         if self.run is not None:  # what the run's earlier members deferred launches first
             self.run.flush()
-        if not plain_tensors(args):
+        if not plain_tensors(args) or not self._shapes_as_traced(args):
             return self.as_torch(args)
         plan = self.plan_for(args)
         out = plan.run(args)
@@ -98,9 +98,16 @@ class RegionRunner:
         return out
 
 
+    def _shapes_as_traced(self, args) -> bool:
+        """Are the tensors of the shapes the trace says? thunder 0.2.6's backward can trace the
+        gradient of a broadcast 0-d tensor as 0-d where torch computes it unreduced (torch's
+        autograd sums it afterwards); a region's plan is made for the traced shapes."""
+        return all(tuple(a.shape) == v.shape for a, v in zip(args, self.region.inputs) if isinstance(a, torch.Tensor))
+
     def as_torch(self, args):
         """The region's ops one by one with torch, on tensors no plan runs (a subclass keeps its
-        ``__torch_function__``, a sparse tensor its layout): what thunder's torch executor does."""
+        ``__torch_function__``, a sparse tensor its layout, a tensor of another shape than traced
+        broadcasts as torch does): what thunder's torch executor does."""
         env: dict[int, object] = dict(zip((id(v) for v in self.region.inputs), args))
         run_nodes(self.region.nodes, env)
         return [env[id(v)] for v in self.region.outputs]
