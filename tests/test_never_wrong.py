@@ -281,3 +281,13 @@ def test_a_0d_input_broadcast_against_a_tensor_gets_its_gradient_summed(backend)
         fn(a, b).sum().backward()
         grads.append((a.grad, b.grad))
     _same(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("f", [torch.relu, lambda a: a.clamp(-1, 1), lambda a: torch.maximum(a, a * 0.5) + 1.0],
+                         ids=["relu", "clamp", "maximum"])
+def test_fp64_values_beside_python_numbers_compile_to_ptx(f):
+    """Found on the H200 by the random programs: the DSL took a Python float beside fp64
+    values as fp32 and refused the pair (the segment fell back with a KernelBugWarning)."""
+    from tests.helpers import compile_planned_kernels_to_ptx
+
+    compile_planned_kernels_to_ptx(f, (torch.randn(64, dtype=torch.float64),))

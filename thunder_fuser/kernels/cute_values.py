@@ -68,6 +68,8 @@ def cute_where(c, a, b, dt=None):
             # a Python integer beside a vector of int64 (or int8, int16): the DSL takes the
             # number as Int32 and refuses the pair (thunder's nll_loss: where(t != -100, t, 0))
             a, b = (cute.full(vec.shape, x, typ) if isinstance(x, int) else x for x in (a, b))
+        if typ is cutlass.Float64:  # likewise a Python float beside fp64 values (the DSL takes it as fp32)
+            a, b = (cute.full(vec.shape, x, typ) if isinstance(x, (int, float)) else x for x in (a, b))
         return cute.where(c, a, b)
     a, b = (typ(x) if isinstance(x, (bool, int, float)) else x for x in (a, b))
     if isinstance(c, cutlass.Numeric) and type(c) is not cutlass.Boolean:
@@ -94,17 +96,29 @@ def _f32_lanes(fn, a, b):
     return out.load()
 
 
+def _typed_like(x, other):
+    """A Python number in ``other``'s type (a vector's or a scalar's): the DSL takes a bare
+    float as fp32, and refuses to compare it with an fp64 value."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return x
+    if isinstance(other, cute.TensorSSA):
+        return cute.full(other.shape, x, other.dtype)
+    return type(other)(x) if isinstance(other, cutlass.Numeric) else x
+
+
 def nan_maximum(a, b):
     """NaN-propagating, like torch: one ``max.NaN.f32`` per fp32 lane (a compare-and-select
     pair costs four instructions, and a long row's online softmax takes one per element)."""
     if _is_f32(a) and _is_f32(b) and not (isinstance(a, float) and isinstance(b, float)):
         return _f32_lanes(lambda x, y: cute.arch.fmax(x, y, nan=True), a, b)
+    a, b = _typed_like(a, b), _typed_like(b, a)
     return cute_where(a != a, a, cute_where(a > b, a, b))
 
 
 def nan_minimum(a, b):
     if _is_f32(a) and _is_f32(b) and not (isinstance(a, float) and isinstance(b, float)):
         return _f32_lanes(lambda x, y: cute.arch.fmin(x, y, nan=True), a, b)
+    a, b = _typed_like(a, b), _typed_like(b, a)
     return cute_where(a != a, a, cute_where(a < b, a, b))
 
 
@@ -221,7 +235,10 @@ def apply_op(e: Op, args, arg_dtypes):
         for d in tensor_dts[1:]:
             cd = torch.promote_types(cd, d)
         cd = _compute_dtype(cd)
-        return COMPARE[op](cast(args[0], cd), cast(args[1], cd))
+        x, y = cast(args[0], cd), cast(args[1], cd)
+        if cd == torch.float64:  # a number beside fp64 values: fp64 too (the DSL takes it as fp32)
+            x, y = _typed_like(x, y), _typed_like(y, x)
+        return COMPARE[op](x, y)
     if op in BITWISE or op == "bitwise_not":  # bool or integer operands, the output's dtype
         if out.is_floating_point:
             raise Unsupported(f"{op} on {out}")
