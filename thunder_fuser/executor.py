@@ -170,6 +170,10 @@ class FuserExecutor(FusionExecutor):
             outputs = [writes[-1].output]
         name = f"fuser{fusion_counter}"
         ir = build_region(name, flat, inputs, outputs)
+        results = {o.name for b in region.bound_symbols for o in b.flat_proxy_outs}
+        for node in ir.nodes:
+            for o in node.outputs:
+                o.op_result = o.name in results
         ir.grad_enabled = _grad_enabled_at_trace_time()
         ir.matmul_reads = {o.name: self._matmul_reads[o.name] for o in outputs if o.name in self._matmul_reads}
         ir.copyable_outputs = frozenset(o.name for o in outputs if o.name in self._copyable)

@@ -161,7 +161,11 @@ def infer_allocation_orders(
     for v in region.inputs:
         if v.is_tensor:
             result[id(v)] = input_orders.get(v.name, tuple(range(v.ndim)))
+    zeros: dict[int, frozenset] = {id(v): input_broadcast.get(v.name, v.broadcast_dims) for v in region.inputs}
     for node in region.nodes:
+        for out in node.outputs:
+            if out.is_tensor and node.tensor_inputs():
+                zeros[id(out)] = _zero_dims(node, out, zeros)
         for out in node.outputs:
             if not out.is_tensor or id(out) in result:
                 continue
@@ -181,7 +185,7 @@ def infer_allocation_orders(
             # a 0-d operand (thunder's prims take one beside a tensor with dims) orders nothing
             full = [v for v in operands if v.ndim]
             if (kind_of(node.op) == "pointwise" and full and all(v.ndim == out.ndim and id(v) in result for v in full)):
-                result[id(out)] = eager_order(out.shape, [_strides(v, result[id(v)], prov) for v in full])
+                result[id(out)] = eager_order(out.shape, [_strides(v, result[id(v)], zeros) for v in full])
                 continue
             if node.op in ("cat", "pad"):  # torch allocates them in its suggested memory format
                 result[id(out)] = _suggested_format(out, [result.get(id(v)) for v in operands])
@@ -213,12 +217,29 @@ def _suggested_format(out: Value, operand_orders: list) -> tuple[int, ...]:
     return tuple(range(n))
 
 
-def _strides(v: Value, order: tuple[int, ...], prov: dict[int, Prov]) -> tuple[int, ...]:
-    """``v``'s strides laid out in ``order``, 0 where a dim is broadcast (traces to no input
-    dim) or of size one: dims that order nothing, as TensorIterator reads them."""
-    p = prov.get(id(v))
+def _strides(v: Value, order: tuple[int, ...], zeros: dict[int, frozenset]) -> tuple[int, ...]:
+    """``v``'s strides laid out in ``order``, 0 where a dim is of size one or broadcast
+    (stride 0 in an input, a new dim of a broadcast, or read from one through views; a value
+    an op computes is dense, as torch allocates it): dims that order nothing, as
+    TensorIterator reads them."""
+    z = zeros.get(id(v), frozenset())
     strides = strides_for_order(v.shape, order)
-    return tuple(0 if v.shape[d] == 1 or (p is not None and not p[d]) else s for d, s in enumerate(strides))
+    return tuple(0 if v.shape[d] == 1 or d in z else s for d, s in enumerate(strides))
+
+
+def _zero_dims(node: Node, out: Value, zeros: dict[int, frozenset]) -> frozenset:
+    """The broadcast (stride-0) dims of ``out``: none for a torch-level op's result (torch
+    allocates it dense); for a view, its new dims and those it reads only from its operand's
+    broadcast dims; for an elementwise step inside an op (a conversion of a broadcast
+    operand), those broadcast in every operand of its shape."""
+    if node.op not in _VIEWS:
+        if out.op_result or kind_of(node.op) != "pointwise":
+            return frozenset()
+        same = [zeros.get(id(v), frozenset()) for v in node.tensor_inputs() if v.shape == out.shape]
+        return frozenset.intersection(*same) if same else frozenset()
+    src = node.tensor_inputs()[0]
+    z = zeros.get(id(src), frozenset())
+    return frozenset(j for j, reads in enumerate(_node_dim_map(node, src)) if all(d in z for d, _, _ in reads))
 
 
 def eager_order(shape, operand_strides: list[tuple[int, ...]]) -> tuple[int, ...]:
