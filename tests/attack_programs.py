@@ -116,11 +116,6 @@ class AttackProgram(SourceProgram):
     def names(self) -> list[str]:
         return list("abc"[: len(self.inputs)])
 
-    @property
-    def source(self) -> str:
-        body = "\n".join(f"    {l}" for l in self.lines)
-        return f"def program({', '.join(self.names)}):\n{body}\n    return ({', '.join(self.returns)},)\n"
-
     def __repr__(self) -> str:
         args = "\n".join(i.source(n) for n, i in zip(self.names, self.inputs))
         return f"\nimport torch\nimport torch.nn.functional as F\n{args}\n{self.source}"

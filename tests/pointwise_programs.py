@@ -60,11 +60,6 @@ class Program(SourceProgram):
     def names(self) -> list[str]:
         return list("abc"[: len(self.arguments)])
 
-    @property
-    def source(self) -> str:
-        body = "\n".join(f"    {l}" for l in self.lines)
-        return f"def program({', '.join(self.names)}):\n{body}\n    return ({', '.join(self.returns)},)\n"
-
     def __repr__(self) -> str:  # hypothesis prints this for a failing example
         args = "\n".join(f"{n} = {a.source()}" for n, a in zip(self.names, self.arguments))
         return f"\n{args}\n{self.source}"

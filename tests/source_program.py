@@ -9,10 +9,16 @@ import torch
 
 
 class SourceProgram:
-    """Base of the generated programs: ``source`` (a ``def program(...)``) and ``__repr__``
-    come from the subclass."""
+    """Base of the generated programs: a subclass has ``names`` (the arguments), ``lines``
+    and ``returns``, and a ``__repr__`` that makes the arguments before ``source``."""
 
     tag = "program"
+
+    @property
+    def source(self) -> str:
+        """The program as a ``def program(...)``."""
+        body = "\n".join(f"    {l}" for l in self.lines)
+        return f"def program({', '.join(self.names)}):\n{body}\n    return ({', '.join(self.returns)},)\n"
 
     def _repr_pretty_(self, p, cycle) -> None:  # hypothesis' pretty-printer
         p.text(repr(self))
