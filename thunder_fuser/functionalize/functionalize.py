@@ -74,6 +74,7 @@ def functionalize(region: Region) -> Region:
             # ``x.copy_(x)`` changes nothing, and torch runs it as nothing, an expanded ``x``
             # included (whose elements share memory: a real write into it is an error)
             subst[id(node.output)] = node.args[1]
+            region.self_copies.append(node.args[1])  # still a write for torch's leaf check
             region.notes.append(f"{node.output.name}: copy_ of {node.args[1].name} onto itself: nothing to write")
             continue
         if node.op == "shallow_copy":

@@ -123,6 +123,9 @@ class Region:
     notes: list[str] = field(default_factory=list)
     grad_enabled: bool = False  # the user's grad mode when thunder traced the region
     rewritten_copies: set[str] = field(default_factory=set)  # trace names of copy_ now copy_to_out_
+    # ``x.copy_(x)`` elided (nothing to write), still an in-place write to torch's eyes: a
+    # leaf that requires grad raises
+    self_copies: list = field(default_factory=list)
     # output name -> how a matmul after the region reads it (``layout/matmul_operands.py``)
     matmul_reads: dict[str, str] = field(default_factory=dict)
     # outputs whose aliasing nothing can observe (the trace writes nothing in place and does

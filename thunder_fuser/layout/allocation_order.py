@@ -233,7 +233,9 @@ def _zero_dims(node: Node, out: Value, zeros: dict[int, frozenset]) -> frozenset
     broadcast dims; for an elementwise step inside an op (a conversion of a broadcast
     operand), those broadcast in every operand of its shape."""
     if node.op not in _VIEWS:
-        if out.op_result or kind_of(node.op) != "pointwise":
+        # a conversion keeps them too: thunder's type promotion converts a broadcast operand
+        # inside the op (the region's last build sees only prims, every one an op's result)
+        if kind_of(node.op) != "pointwise" or (out.op_result and node.op != "convert_element_type"):
             return frozenset()
         same = [zeros.get(id(v), frozenset()) for v in node.tensor_inputs() if v.shape == out.shape]
         return frozenset.intersection(*same) if same else frozenset()

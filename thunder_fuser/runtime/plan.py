@@ -288,6 +288,7 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     # requires grad (the gradient would be lost)
     roots = storage_roots(region)
     written_roots = {id(roots.get(id(n.written), n.written)) for n in region.writes()}
+    written |= {id(roots.get(id(v), v)) for v in region.self_copies}
     written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written or id(v) in written_roots)
     directly_written = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
     debug.dump("layout", lambda: _layout_text(region, in_orders, orders, kinds))
