@@ -100,7 +100,7 @@ class Input:
 @dataclass(repr=False)
 class AttackProgram(SourceProgram):
     tag = "attack-program"
-    inputs: list[Input]
+    arguments: list[Input]
     lines: list[str] = field(default_factory=list)
     returns: list[str] = field(default_factory=list)
     writes: bool = False  # writes into an input in place
@@ -110,23 +110,14 @@ class AttackProgram(SourceProgram):
         """No in-place write, nothing thunder 0.2.6 cannot differentiate, finite inputs of 32
         or 64 bits (why: ``attack_programs``)."""
         return (not self.writes and not any(f(l) for l in self.lines for f in THUNDERS_OWN_GRADIENTS.values())
-                and all(i.special == "none" and i.dtype in ("float32", "float64") for i in self.inputs))
-
-    @property
-    def names(self) -> list[str]:
-        return list("abc"[: len(self.inputs)])
+                and all(i.special == "none" and i.dtype in ("float32", "float64") for i in self.arguments))
 
     def __repr__(self) -> str:
-        args = "\n".join(i.source(n) for n, i in zip(self.names, self.inputs))
+        args = "\n".join(i.source(n) for n, i in zip(self.names, self.arguments))
         return f"\nimport torch\nimport torch.nn.functional as F\n{args}\n{self.source}"
 
-    def compile(self):
-        fn = super().compile()
-        fn.__globals__["F"] = F
-        return fn
-
-    def make_inputs(self, device: str) -> list[torch.Tensor]:
-        return [i.make(device) for i in self.inputs]
+    def make_arguments(self, device: str) -> list[torch.Tensor]:
+        return [i.make(device) for i in self.arguments]
 
 
 def _small(inp: Input) -> torch.Tensor:

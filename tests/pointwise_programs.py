@@ -56,10 +56,6 @@ class Program(SourceProgram):
     lines: list[str] = field(default_factory=list)
     returns: list[str] = field(default_factory=list)
 
-    @property
-    def names(self) -> list[str]:
-        return list("abc"[: len(self.arguments)])
-
     def __repr__(self) -> str:  # hypothesis prints this for a failing example
         args = "\n".join(f"{n} = {a.source()}" for n, a in zip(self.names, self.arguments))
         return f"\n{args}\n{self.source}"

@@ -9,10 +9,14 @@ import torch
 
 
 class SourceProgram:
-    """Base of the generated programs: a subclass has ``names`` (the arguments), ``lines``
-    and ``returns``, and a ``__repr__`` that makes the arguments before ``source``."""
+    """Base of the generated programs: a subclass has ``arguments``, ``lines`` and
+    ``returns``, and a ``__repr__`` that makes the arguments before ``source``."""
 
     tag = "program"
+
+    @property
+    def names(self) -> list[str]:
+        return list("abc"[: len(self.arguments)])
 
     @property
     def source(self) -> str:
@@ -26,6 +30,6 @@ class SourceProgram:
     def compile(self):
         name = f"<{self.tag}-{abs(hash(self.source))}>"
         linecache.cache[name] = (len(self.source), None, self.source.splitlines(True), name)
-        ns = {"torch": torch}
+        ns = {"torch": torch, "F": torch.nn.functional}
         exec(compile(self.source, name, "exec"), ns)  # noqa: S102 (test-generated code)
         return ns["program"]

@@ -55,7 +55,7 @@ def _strides_where_defined(t: torch.Tensor) -> tuple:
 
 def check_program(program: AttackProgram, device: str) -> None:
     fn = program.compile()
-    inputs = program.make_inputs(device)
+    inputs = program.make_arguments(device)
     theirs = clone_args(inputs)
     want = fn(*theirs)
     jfn = thunder.jit(fn, executors=[fuser_ex])

@@ -2,13 +2,14 @@
 
 We run the prims an op decomposes into, so an op whose thunder decomposition differs from
 torch's kernel on some inputs differs in our hands too (thunder's torch executor calls the
-torch op instead and hides it). Each rule here is written in thunder's torch-level ops and
-replaces the op's subsymbols before regions are claimed, anywhere in the trace:
+torch op instead and hides it). Each rule here is written in thunder's torch-level ops; those
+of ``RULES`` replace the op's subsymbols before regions are claimed, anywhere in the trace:
 
 * ``relu``: thunder's ``where(a > 0, a, 0)`` turns NaN into 0; torch's keeps NaN, as does
-  ``maximum(a, 0)``. thunder's autodiff decomposes it before any executor sees the
-  forward, so it has a grad rule of ours too (``register``): torch's backward passes the
-  cotangent where the *result* is not ``<= 0`` (``threshold_backward``), NaN included;
+  ``maximum(a, 0)``. thunder's autodiff decomposes it before any trace pass sees the
+  forward, so relu is an op we claim with rules of our own (``register``: its execution
+  rule serves inference too), whose backward passes the cotangent where the *result* is
+  not ``<= 0``, NaN included, as torch's ``threshold_backward``;
 * ``log_softmax``: thunder's ``a - logsumexp(a)`` drops an infinite max from the shift
   (``log_softmax([inf, 1, -2])`` gives ``[nan, -inf, -inf]``); torch shifts by the max as
   it is, ``(a - max) - log(sum(exp(a - max)))``, so such a row is NaN throughout;
@@ -91,7 +92,6 @@ def _alpha_scales_a_tensor(bsym: BoundSymbol) -> bool:
 
 # symbol id -> (does the rule apply to this call, the rule)
 RULES: dict[str, tuple[Callable[[BoundSymbol], bool], Callable]] = {
-    ltorch.relu.id: (lambda b: isinstance(b.args[0], TensorProxy), _relu),
     ltorch.log_softmax.id: (lambda b: isinstance(b.args[0], TensorProxy), _log_softmax),
     ltorch.add.id: (_alpha_scales_a_tensor, _scaled(ltorch.add)),
     ltorch.sub.id: (_alpha_scales_a_tensor, _scaled(ltorch.sub)),

@@ -39,7 +39,7 @@ from thunder_fuser.trace_notes import lift_notes, place_notes
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
-from thunder_fuser.ir.ops import SUPPORTED, kind_of
+from thunder_fuser.ir.ops import SUPPORTED
 from thunder_fuser.ir.reshape_first import reshape_first
 from thunder_fuser.ir.same_values import same_values
 from thunder_fuser.ir.scalar_broadcasts import read_scalars_unbroadcast
@@ -63,27 +63,6 @@ def _supported_value(x) -> bool:
         # a region's plan is specialized to the extents it was built for
         return (x.device.type in ("cpu", "cuda") and x.dtype not in _UNSUPPORTED_DTYPES
                 and all(type(s) is int for s in x._shape))
-    return True
-
-
-def _shapes_agree(bsym: BoundSymbol) -> bool:
-    """Does each elementwise prim ``bsym`` flattens into have the shape of its operands
-    broadcast together? thunder 0.2.6's backward can say otherwise: the gradient of a 0-d
-    tensor that was broadcast against ``[1, 1, 2]`` is traced as ``mul(g, sign(b))`` of shape
-    ``[]`` where the product is ``[1, 1, 2]`` (torch's autograd sums it to the input's shape
-    after thunder's torch executor returns it). A region would lay it out as ``[]``: such an
-    op is left to torch."""
-    for b in flatten_to_supported(bsym) if bsym.subsymbols else [bsym]:
-        out = b.output if b.sym.name in SUPPORTED else None
-        if not isinstance(out, TensorProxy) or kind_of(b.sym.name) != "pointwise":
-            continue
-        shapes = [tuple(a.shape) for a in b.flat_args if isinstance(a, TensorProxy)]
-        try:
-            expected = tuple(torch.broadcast_shapes(*shapes)) if shapes else tuple(out.shape)
-        except RuntimeError:
-            return False
-        if expected != tuple(out.shape) and shapes:
-            return False
     return True
 
 
@@ -146,7 +125,7 @@ class FuserExecutor(FusionExecutor):
         # claiming it keeps the ops around it in one region
         if as_identity(bsym) is not None:
             return _checker(*bsym.args, **bsym.kwargs)
-        return super().can_fuse(bsym) and _shapes_agree(bsym)
+        return super().can_fuse(bsym)
 
     def get_fuel(self, amount: int = 1, /) -> bool:
         if self._fuel < amount:
@@ -170,10 +149,6 @@ class FuserExecutor(FusionExecutor):
             outputs = [writes[-1].output]
         name = f"fuser{fusion_counter}"
         ir = build_region(name, flat, inputs, outputs)
-        results = {o.name for b in region.bound_symbols for o in b.flat_proxy_outs}
-        for node in ir.nodes:
-            for o in node.outputs:
-                o.op_result = o.name in results
         ir.grad_enabled = _grad_enabled_at_trace_time()
         ir.matmul_reads = {o.name: self._matmul_reads[o.name] for o in outputs if o.name in self._matmul_reads}
         ir.copyable_outputs = frozenset(o.name for o in outputs if o.name in self._copyable)

@@ -32,9 +32,6 @@ class Value:
     # laid out contiguously, as torch's kernel returns it (softmax's result; a reduction's,
     # also when it is rewritten into pointwise ops: ``small_reductions.py``)
     contiguous: bool = False
-    # the result of a torch-level op of the trace (torch allocates it dense), not a value
-    # inside an op's decomposition (its type promotion's conversions and broadcasts)
-    op_result: bool = False
 
     @property
     def ndim(self) -> int:

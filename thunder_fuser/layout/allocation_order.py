@@ -163,9 +163,10 @@ def infer_allocation_orders(
             result[id(v)] = input_orders.get(v.name, tuple(range(v.ndim)))
     zeros: dict[int, frozenset] = {id(v): input_broadcast.get(v.name, v.broadcast_dims) for v in region.inputs}
     for node in region.nodes:
-        for out in node.outputs:
-            if out.is_tensor and node.tensor_inputs():
-                zeros[id(out)] = _zero_dims(node, out, zeros)
+        operands = node.tensor_inputs()
+        if operands:
+            z = _zero_dims(node, operands, zeros)
+            zeros.update((id(o), z) for o in node.outputs if o.is_tensor)
         for out in node.outputs:
             if not out.is_tensor or id(out) in result:
                 continue
@@ -178,7 +179,6 @@ def infer_allocation_orders(
             if node.op == "stride_order":  # the order the program asked for (order[d]: dim d's rank)
                 result[id(out)] = tuple(sorted(range(out.ndim), key=lambda d: -node.args[1][d]))
                 continue
-            operands = node.tensor_inputs()
             if kind_of(node.op) == "reduction" or out.contiguous:  # as torch allocates a reduction's result
                 result[id(out)] = tuple(range(out.ndim))
                 continue
@@ -227,19 +227,16 @@ def _strides(v: Value, order: tuple[int, ...], zeros: dict[int, frozenset]) -> t
     return tuple(0 if v.shape[d] == 1 or d in z else s for d, s in enumerate(strides))
 
 
-def _zero_dims(node: Node, out: Value, zeros: dict[int, frozenset]) -> frozenset:
-    """The broadcast (stride-0) dims of ``out``: none for a torch-level op's result (torch
-    allocates it dense); for a view, its new dims and those it reads only from its operand's
-    broadcast dims; for an elementwise step inside an op (a conversion of a broadcast
-    operand), those broadcast in every operand of its shape."""
+def _zero_dims(node: Node, operands: list[Value], zeros: dict[int, frozenset]) -> frozenset:
+    """The broadcast (stride-0) dims of ``node``'s output: for a view, its new dims and those it reads
+    only from its operand's broadcast dims; for a conversion, its operand's (thunder's type
+    promotion converts a broadcast operand inside the op, which torch never materializes);
+    none for any other computed value (torch allocates it dense)."""
+    src = operands[0]
+    if node.op == "convert_element_type":
+        return zeros.get(id(src), frozenset())
     if node.op not in _VIEWS:
-        # a conversion keeps them too: thunder's type promotion converts a broadcast operand
-        # inside the op (the region's last build sees only prims, every one an op's result)
-        if kind_of(node.op) != "pointwise" or (out.op_result and node.op != "convert_element_type"):
-            return frozenset()
-        same = [zeros.get(id(v), frozenset()) for v in node.tensor_inputs() if v.shape == out.shape]
-        return frozenset.intersection(*same) if same else frozenset()
-    src = node.tensor_inputs()[0]
+        return frozenset()
     z = zeros.get(id(src), frozenset())
     return frozenset(j for j, reads in enumerate(_node_dim_map(node, src)) if all(d in z for d, _, _ in reads))
 

@@ -15,7 +15,7 @@ are taken as rows of classes (the class dim moved last, ATen's ``nll_loss_backwa
 
 from __future__ import annotations
 
-_PATCHED = "_thunder_fuser_logits_shape"
+from thunder_fuser.patches.wrap import wrap_once
 
 
 def reshape_to_the_logits() -> bool:
@@ -26,30 +26,29 @@ def reshape_to_the_logits() -> bool:
     except ImportError:
         return False
     op = getattr(torchex, "nll_loss_backward", None)
-    impl = getattr(torchex, "_nll_loss_backward_impl", None)
-    if op is None or impl is None or getattr(impl, _PATCHED, False):
-        return impl is not None
+    if op is None:
+        return False
 
-    def _nll_loss_backward_impl(g, a, /, target, weight, reduction, ignore_index, total_weight):
-        import torch
+    def wrap(impl):
+        def _nll_loss_backward_impl(g, a, /, target, weight, reduction, ignore_index, total_weight):
+            import torch
 
-        if total_weight is None:  # a summed loss: ATen reads it only for a mean, in the logits' dtype
-            total_weight = torch.zeros((), dtype=a.dtype, device=a.device)
-        if a.ndim <= 2:
-            return impl(g, a, target, weight, reduction, ignore_index, total_weight)
-        rows = a.movedim(1, -1)
-        grad = impl(g.reshape(-1) if reduction == "none" else g, rows.reshape(-1, a.shape[1]), target.reshape(-1),
-                    weight, reduction, ignore_index, total_weight)
-        return grad.reshape(rows.shape).movedim(-1, 1)
+            if total_weight is None:  # a summed loss: ATen reads it only for a mean, in the logits' dtype
+                total_weight = torch.zeros((), dtype=a.dtype, device=a.device)
+            if a.ndim <= 2:
+                return impl(g, a, target, weight, reduction, ignore_index, total_weight)
+            rows = a.movedim(1, -1)
+            grad = impl(g.reshape(-1) if reduction == "none" else g, rows.reshape(-1, a.shape[1]), target.reshape(-1),
+                        weight, reduction, ignore_index, total_weight)
+            return grad.reshape(rows.shape).movedim(-1, 1)
 
-    setattr(_nll_loss_backward_impl, _PATCHED, True)
-    torchex._nll_loss_backward_impl = _nll_loss_backward_impl
-    # the operator calls what its bind hook puts in each bound symbol's call context: the
-    # one dict that hook closes over
-    hook = getattr(op, "_bind_postprocess", None)
-    for cell in getattr(hook, "__closure__", None) or ():
-        ctx = cell.cell_contents
-        if isinstance(ctx, dict) and ctx.get(op.name) is impl:
-            ctx[op.name] = _nll_loss_backward_impl
-            return True
-    return False
+        # the operator calls what its bind hook puts in each bound symbol's call context: the
+        # one dict that hook closes over
+        hook = getattr(op, "_bind_postprocess", None)
+        for cell in getattr(hook, "__closure__", None) or ():
+            ctx = cell.cell_contents
+            if isinstance(ctx, dict) and ctx.get(op.name) is impl:
+                ctx[op.name] = _nll_loss_backward_impl
+        return _nll_loss_backward_impl
+
+    return wrap_once(torchex, "_nll_loss_backward_impl", wrap)

@@ -13,7 +13,7 @@ first, for every thunder function in the process."""
 
 from __future__ import annotations
 
-_PATCHED = "_thunder_fuser_sums_scalar_grads"
+from thunder_fuser.patches.wrap import wrap_once
 
 
 def sum_scalar_tensor_grads() -> bool:
@@ -23,17 +23,15 @@ def sum_scalar_tensor_grads() -> bool:
         from thunder.core.proxies import TensorProxy
     except ImportError:
         return False
-    put_grad = getattr(transforms, "put_grad", None)
-    if put_grad is None or getattr(put_grad, _PATCHED, False):
-        return put_grad is not None
 
-    def summed_put_grad(a, g):
-        if isinstance(a, TensorProxy) and isinstance(g, TensorProxy) and a.ndim == 0 and g.ndim > 0:
-            import thunder.torch as ltorch
+    def wrap(put_grad):
+        def summed_put_grad(a, g):
+            if isinstance(a, TensorProxy) and isinstance(g, TensorProxy) and a.ndim == 0 and g.ndim > 0:
+                import thunder.torch as ltorch
 
-            g = ltorch.to(ltorch.sum(g), a.dtype)
-        return put_grad(a, g)
+                g = ltorch.to(ltorch.sum(g), a.dtype)
+            return put_grad(a, g)
 
-    setattr(summed_put_grad, _PATCHED, True)
-    transforms.put_grad = summed_put_grad
-    return True
+        return summed_put_grad
+
+    return wrap_once(transforms, "put_grad", wrap)

@@ -12,8 +12,7 @@ one; a dropped shape is traced again if it comes back."""
 from __future__ import annotations
 
 from thunder_fuser import config
-
-_PATCHED = "_thunder_fuser_bounded"
+from thunder_fuser.patches.wrap import wrap_once
 
 
 class BoundedTraceCache(list):
@@ -33,15 +32,13 @@ def bound_thunders_trace_cache() -> bool:
         from thunder.common import CompileStats
     except ImportError:
         return False
-    init = CompileStats.__init__
-    if getattr(init, _PATCHED, False):
-        return True
 
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        if type(getattr(self, "interpreter_cache", None)) is list:
-            self.interpreter_cache = BoundedTraceCache(self.interpreter_cache)
+    def wrap(init):
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            if type(getattr(self, "interpreter_cache", None)) is list:
+                self.interpreter_cache = BoundedTraceCache(self.interpreter_cache)
 
-    setattr(__init__, _PATCHED, True)
-    CompileStats.__init__ = __init__
-    return True
+        return __init__
+
+    return wrap_once(CompileStats, "__init__", wrap)

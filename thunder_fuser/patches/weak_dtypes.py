@@ -12,7 +12,7 @@ the process (ours or not)."""
 
 from __future__ import annotations
 
-_PATCHED = "_thunder_fuser_strong_dims"
+from thunder_fuser.patches.wrap import wrap_once
 
 
 def strengthen_dims_dtypes() -> bool:
@@ -21,17 +21,15 @@ def strengthen_dims_dtypes() -> bool:
         from thunder.core import dtypes, proxies
     except ImportError:
         return False
-    infer = getattr(proxies, "_infer_tensor_properties", None)
-    if infer is None or getattr(infer, _PATCHED, False):
-        return infer is not None
 
-    def _infer_tensor_properties(*args, **kwargs):
-        props = infer(*args, **kwargs)
-        true_dtype, ndim = props[3], props[5]
-        if ndim and dtypes.is_weak_dtype(true_dtype):
-            props = props[:3] + (dtypes.to_strong_dtype(true_dtype),) + props[4:]
-        return props
+    def wrap(infer):
+        def _infer_tensor_properties(*args, **kwargs):
+            props = infer(*args, **kwargs)
+            true_dtype, ndim = props[3], props[5]
+            if ndim and dtypes.is_weak_dtype(true_dtype):
+                props = props[:3] + (dtypes.to_strong_dtype(true_dtype),) + props[4:]
+            return props
 
-    setattr(_infer_tensor_properties, _PATCHED, True)
-    proxies._infer_tensor_properties = _infer_tensor_properties
-    return True
+        return _infer_tensor_properties
+
+    return wrap_once(proxies, "_infer_tensor_properties", wrap)

@@ -99,9 +99,9 @@ class RegionRunner:
 
 
     def _shapes_as_traced(self, args) -> bool:
-        """Are the tensors of the shapes the trace says? thunder 0.2.6's backward can trace the
-        gradient of a broadcast 0-d tensor as 0-d where torch computes it unreduced (torch's
-        autograd sums it afterwards); a region's plan is made for the traced shapes."""
+        """Are the tensors of the shapes the trace says? A region's plan is made for them; where
+        thunder's metadata and torch disagree (thunder 0.2.6 traced the unsummed gradient of a
+        broadcast 0-d tensor as 0-d: ``patches/scalar_tensor_grads.py``), torch runs the ops."""
         return all(tuple(a.shape) == v.shape for a, v in zip(args, self.region.inputs) if isinstance(a, torch.Tensor))
 
     def as_torch(self, args):

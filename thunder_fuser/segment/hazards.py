@@ -56,9 +56,10 @@ class WriteHazards:
                 out.extend((v, r) for r in hit[1])
         return out
 
-    def _shifted_reads(self, node: Node, seg) -> set[int]:
-        """Written roots that ``node`` in ``seg`` would read at elements other than its own."""
-        return {r for v, r in self._derived_roots(node, seg)
+    def _shifted_reads(self, node: Node, seg, derived=None) -> set[int]:
+        """Written roots that ``node`` in ``seg`` would read at elements other than its own
+        (``derived``: its ``_derived_roots``, where the caller has them)."""
+        return {r for v, r in (self._derived_roots(node, seg) if derived is None else derived)
                 if not (kind_of(node.op) in ("pointwise", "write") and v.shape == node.outputs[0].shape)}
 
     def conflict(self, node: Node, seg, seg_of) -> str | None:
@@ -92,15 +93,16 @@ class WriteHazards:
         return None
 
     def placed(self, node: Node, seg) -> None:
-        roots = {r for _, r in self._read_roots(node)}
-        for r in self._shifted_reads(node, seg):
+        read = [r for _, r in self._read_roots(node)]
+        derived = self._derived_roots(node, seg)
+        for r in self._shifted_reads(node, seg, derived):
             self.shifted.setdefault(r, []).append(seg)
-        for _, r in self._read_roots(node):
+        for r in read:
             self.readers.setdefault(r, []).append((node, seg))
-        roots |= {r for _, r in self._derived_roots(node, seg)}
+        roots = frozenset(read) | {r for _, r in derived}
         if roots and node.op not in ("copy_", "copy_to_out_"):
             for o in node.outputs:
-                self.derived[id(o)] = (seg, frozenset(roots))
+                self.derived[id(o)] = (seg, roots)
         if node.op in ("copy_", "copy_to_out_"):
             dst = node.written
             self.writes.setdefault(id(self.root.get(id(dst), dst)), []).append((node, seg))
