@@ -26,6 +26,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=600, help="stop drawing after this long (default: 600)")
     p.add_argument("--grads", action="store_true", help="programs without in-place writes, gradients compared")
     p.add_argument("--lowered", action="store_true", help="THUNDER_FUSER_KERNELS=torch (the CPU's stand-in for kernels)")
+    p.add_argument("--index64", action="store_true", help="pointwise kernels in their 64-bit variant at every size "
+                   "(the bound of geometry.needs_64bit_indices lowered; row kernels then leave such segments to torch)")
     args = p.parse_args()
     if args.lowered:
         os.environ["THUNDER_FUSER_KERNELS"] = "torch"
@@ -35,6 +37,9 @@ def main() -> int:
     from hypothesis import HealthCheck, Phase, given, settings
 
     from attack_programs import attack_programs
+    if args.index64:
+        from thunder_fuser.kernels import geometry
+        geometry.INT32_LIMIT = 16
     from test_random_programs import check_program
 
     failures: list = []
@@ -63,7 +68,7 @@ def main() -> int:
             continue
         seen.add(kind)
         print("=" * 72, repr(program), kind, sep="\n")
-    print(f"{args.device}{' lowered' if args.lowered else ''}{' grads' if args.grads else ''}: "
+    print(f"{args.device}{' lowered' if args.lowered else ''}{' grads' if args.grads else ''}{' index64' if args.index64 else ''}: "
           f"{ran[0]} programs, {len(failures)} failures ({len(seen)} kinds), {time.time() - start:.0f} s")
     return 1 if failures else 0
 

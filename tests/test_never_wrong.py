@@ -221,18 +221,105 @@ def test_outputs_are_laid_out_as_eager_lays_them_out(backend, case):
     assert got.stride() == want.stride()
 
 
-def test_a_tensor_past_32_bit_offsets_runs_on_torch_not_a_kernel(backend, monkeypatch):
-    """Kernels of every family but the row kernels index in 32 bits: a segment with a tensor
-    of 2**31 elements or more runs on torch (here the bound is lowered to see it on the CPU)."""
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.int64])
+def test_a_reduction_an_fp32_accumulator_would_round_is_left_to_torch(backend, dtype):
+    """The reduction kernels accumulate in fp32: an fp64 sum there lost 29 bits (found on
+    the H200 by the random programs), an integer sum past 2**24 rounds. A count of booleans
+    below 2**24 is exact and stays on kernels."""
     from thunder_fuser import explain
-    from thunder_fuser.runtime import plan
 
-    monkeypatch.setattr(plan, "INT32_ELEMENTS", 64)
-    x = torch.randn(9, 8)
-    jfn, _ = check_vs_eager(lambda x: torch.tanh(x / 3.0) * 3.0, x)
+    x = (torch.arange(24).reshape(4, 6) * 2**22 + 1).to(dtype)
+    jfn, _ = check_vs_eager(lambda x: (x.sum(-1), x.sum(0), x.amax(-1)), x)
     if backend == "lowered":
-        assert "indexes in 32 bits, torch runs the segment" in explain(jfn)
-    check_vs_eager(lambda x: torch.tanh(x[:4] / 3.0) * 3.0, torch.randn(4, 8))  # small: a kernel
+        assert "the reduction kernels accumulate in fp32" in explain(jfn)
+        assert _segments_on_kernels(jfn) and all("accumulate in fp32" in r for _, r in _segments_on_kernels(jfn))
+    jfn, _ = check_vs_eager(lambda m: (m > 0).sum(-1), torch.randn(4, 6))
+    if backend == "lowered":
+        assert _segments_on_kernels(jfn) == []
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", [
+    ("a column sum", lambda x: x.sum(0), (8192, 64)),
+    ("a long row split across blocks", lambda x: x.sum(), (1, 2**20)),
+    ("a mean over columns", lambda x: x.mean(0), (8192, 64)),
+], ids=lambda c: c[0])
+def test_sums_over_infinities_on_cuda(case):
+    """The partials' Kahan sum took (inf - v) - y as the rounding lost: NaN where eager
+    sums to inf (found on the H200 by the random programs)."""
+    _, f, shape = case
+    x = torch.randint(-8, 8, shape, device="cuda").float()  # exact sums in any order
+    x[-1, -1] = float("inf")
+    x[0, 0] = float("inf")
+    check_vs_eager(f, x)
+    x[0, 1] = -float("inf")  # inf + -inf: NaN, as eager's
+    check_vs_eager(f, x)
+
+
+# programs of the pointwise template's variants (bias, ragged 1-D, cat/pad pieces along N and
+# along an outer dim, a transposed operand, broadcasts along outer modes) for the 64-bit tests
+INDEX64_PROGRAMS = {
+    "soft-capping, ragged 1-D": (lambda x: torch.tanh(x / 30.0) * 30.0, lambda d: (torch.randn(4099, device=d),)),
+    "bias": (lambda x, b: F.gelu(x + b), lambda d: (torch.randn(40, 24, device=d, dtype=torch.bfloat16),
+                                                    torch.randn(24, device=d, dtype=torch.bfloat16))),
+    "pad": (lambda x: F.pad(x, (0, 8)) * 2.0, lambda d: (torch.randn(40, 24, device=d),)),
+    "cat along rows": (lambda x, y: torch.cat([x, y], 0) + 1.0, lambda d: (torch.randn(40, 24, device=d),
+                                                                          torch.randn(8, 24, device=d))),
+    "transposed operand": (lambda x, y: x + y.t(), lambda d: (torch.randn(64, 96, device=d), torch.randn(96, 64, device=d))),
+    "broadcast along outer modes": (lambda x, y: x * y, lambda d: (torch.randn(6, 1, 64, device=d),
+                                                                   torch.randn(1, 7, 64, device=d))),
+}
+
+
+def _segments_on_kernels(jfn) -> list:
+    """(segment index, why it ran on torch) of every segment of the last call's forward
+    regions that no kernel ran: [] where kernels ran them all."""
+    from tests.helpers import plans
+
+    return [(i, r) for p in plans(thunder.last_traces(jfn)[-1]) for i, r in p.fallbacks.items()]
+
+
+@pytest.mark.parametrize("name", INDEX64_PROGRAMS)
+def test_past_32_bits_a_pointwise_kernel_indexes_in_64_bits(backend, monkeypatch, name):
+    """Beyond 2**31 elements in one dim (a contiguous tensor is one) or in vectors, a
+    pointwise kernel takes 64-bit extents and thread indices; below, 32-bit ones. The bound
+    is lowered here to see it on the CPU (``test_tensors_past_2_31_elements_on_cuda`` runs
+    the real sizes)."""
+    from tests.helpers import planned_parts
+    from thunder_fuser.kernels import geometry
+
+    f, make = INDEX64_PROGRAMS[name]
+    assert not any(p.geo.index64 for p in planned_parts(f, make("cpu")))
+    monkeypatch.setattr(geometry, "INT32_LIMIT", 16)
+    assert all(p.geo.index64 for p in planned_parts(f, make("cpu")))
+    jfn, _ = check_vs_eager(f, *make("cpu"))
+    if backend == "lowered":
+        assert _segments_on_kernels(jfn) == []
+
+
+@pytest.mark.parametrize("name", INDEX64_PROGRAMS)
+def test_past_32_bits_a_pointwise_kernel_compiles_to_ptx(monkeypatch, name):
+    from tests.helpers import compile_planned_kernels_to_ptx
+    from thunder_fuser.kernels import geometry
+
+    monkeypatch.setattr(geometry, "INT32_LIMIT", 16)
+    f, make = INDEX64_PROGRAMS[name]
+    compile_planned_kernels_to_ptx(f, make("cpu"))
+
+
+def test_past_32_bits_in_one_dim_a_row_kernel_leaves_the_segment_to_torch(backend, monkeypatch):
+    """A row or column kernel indexes its extents in 32 bits: a longer dim runs on torch,
+    and says why (rows of any length below that are fine: a row's offset is 64-bit)."""
+    from thunder_fuser import explain
+    from thunder_fuser.kernels import geometry
+
+    monkeypatch.setattr(geometry, "INT32_LIMIT", 64)
+    jfn, _ = check_vs_eager(lambda x: x.float().sum(-1), torch.randn(9, 80, dtype=torch.bfloat16))
+    if backend == "lowered":
+        assert "the row and column kernels index their extents in 32 bits" in explain(jfn)
+    jfn, _ = check_vs_eager(lambda x: x.float().sum(-1), torch.randn(60, 12, dtype=torch.bfloat16))  # 720 elements
+    if backend == "lowered":
+        assert _segments_on_kernels(jfn) == []
 
 
 def _big(n: int, dtype=torch.bfloat16) -> torch.Tensor:
@@ -242,18 +329,38 @@ def _big(n: int, dtype=torch.bfloat16) -> torch.Tensor:
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", [
     ("pointwise (Gemma-2's soft-capping)", lambda x: torch.tanh(x / 30.0) * 30.0, lambda: (_big(2**31 + 4096),)),
+    ("pointwise, ragged", lambda x: x * 2.0 + 1.0, lambda: (_big(2**31 + 7),)),
     ("row reduction", lambda x: x.float().sum(-1), lambda: (_big(2**31 + 2048).view(-1, 2048),)),
     ("resize (a pad)", lambda x: F.pad(x, (0, 8)) * 2.0, lambda: (_big(2**31 + 2048).view(-1, 2048),)),
+    ("resize (a cat along a dim of 2**31)", lambda x: torch.cat([x, x[:8]]) * 2.0, lambda: (_big(2**31 + 8),)),
     ("softmax rows", lambda x: torch.softmax(x, -1), lambda: (_big(2**31 + 4096).view(-1, 4096),)),
 ], ids=lambda c: c[0])
 def test_tensors_past_2_31_elements_on_cuda(case):
+    """Every one runs on kernels: pointwise and resize in 64-bit indices, rows in 32-bit
+    extents with 64-bit offsets."""
     _, f, make = case
     (x,) = make()
-    got = thunder.jit(f, executors=[fuser_ex])(x)
+    jfn = thunder.jit(f, executors=[fuser_ex])
+    got = jfn(x)
+    assert _segments_on_kernels(jfn) == []
     want = f(x)
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     del got, want
     torch.cuda.empty_cache()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", INDEX64_PROGRAMS)
+def test_64_bit_pointwise_kernels_on_cuda(monkeypatch, name):
+    """The 64-bit variant of each pointwise template on small tensors (the bound lowered),
+    every fresh output starting as NaN so that an unwritten element fails."""
+    from thunder_fuser.kernels import geometry, segment_kernel
+
+    monkeypatch.setattr(geometry, "INT32_LIMIT", 16)
+    monkeypatch.setattr(segment_kernel, "FILL_NAN", True)
+    f, make = INDEX64_PROGRAMS[name]
+    jfn, _ = check_vs_eager(f, *make("cuda"))
+    assert _segments_on_kernels(jfn) == []
 
 
 @pytest.mark.parametrize("f", [

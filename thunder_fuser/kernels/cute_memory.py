@@ -144,9 +144,22 @@ def load_scalar_if(t2: cute.Tensor, m, n, pred: cutlass.Boolean):
     return v
 
 
+def shape_of(t: cute.Tensor):
+    """``t``'s shape with each dynamic extent at its own width: ``Tensor.shape`` reads a
+    64-bit extent as 32 bits (CuTe DSL 4.8: "CuTe IR only supports Int32" when it unpacks
+    a shape), ``cute.size`` of the mode does not (``geometry.needs_64bit_indices``)."""
+
+    def walk(s, path):
+        if isinstance(s, tuple):
+            return tuple(walk(x, path + [i]) for i, x in enumerate(s))
+        return s if isinstance(s, int) else cute.size(t, mode=path)
+
+    return walk(t.shape, [])
+
+
 def _as_2d(t: cute.Tensor, rank: int) -> cute.Tensor:
     if rank == 1:
-        return cute.make_tensor(t.iterator, cute.make_layout((1, t.shape[0]), stride=(0, t.stride[0])))
+        return cute.make_tensor(t.iterator, cute.make_layout((1, cute.size(t, mode=[0])), stride=(0, t.stride[0])))
     if rank == 2:
         return t
     return cute.group_modes(t, 0, rank - 1)
@@ -164,7 +177,7 @@ def _vector_view(t2: cute.Tensor, V: int) -> cute.Tensor:
     """``t2`` tiled into ``(1, V)`` vectors along its second mode: ``((1, V), (M, nvec))``.
     Built from the strides rather than by ``zipped_divide``, which divides the hierarchical
     row mode by 1 and so costs a division per mode and per access at run time."""
-    rows, n = t2.shape
+    rows, n = shape_of(t2)
     row_stride, n_stride = t2.stride
     layout = cute.make_layout(((1, V), (rows, (n + V - 1) // V)), stride=((0, n_stride), (row_stride, V * n_stride)))
     return cute.make_tensor(t2.iterator, layout)
@@ -189,7 +202,7 @@ def _from_bases(ts, geo: Geometry):
             align = operand_align(geo, geo.operands[i])
             if align > ptr.alignment:
                 ptr = cute.make_ptr(ptr.dtype, ptr.toint(), ptr.memspace, assumed_align=align)
-            shape, stride = mapped_layout(m, b.shape, b.stride, None if i == ref else out[ref].shape)  # built first
+            shape, stride = mapped_layout(m, shape_of(b), b.stride, None if i == ref else shape_of(out[ref]))  # built first
             out[i] = cute.make_tensor(ptr, cute.make_layout(shape, stride=stride))
     return tuple(out)
 
@@ -212,7 +225,7 @@ def row_coord(t2: cute.Tensor, m, rank: int, group: tuple = ()):
     coordinate's entry there is the group's index."""
     if rank <= 2:
         return m
-    extents = list(t2.shape[0][:-1])
+    extents = list(shape_of(t2)[0][:-1])
     if group and group[0] < len(extents):
         r, rows = group
         extents[r] = (extents[r] + rows - 1) // rows
@@ -225,7 +238,7 @@ def row_coord(t2: cute.Tensor, m, rank: int, group: tuple = ()):
 
 
 def mode_extent(t2: cute.Tensor, rank: int, r: int):
-    return cute.size(t2, mode=[0]) if rank <= 2 else t2.shape[0][r]
+    return cute.size(t2, mode=[0]) if rank <= 2 else cute.size(t2, mode=[0, r])
 
 
 def with_coord_entry(coord, r: int, value):
@@ -243,9 +256,10 @@ def coord_entry(coord, r: int):
 def fake_operands(geo: Geometry):
     """Fake tensors with symbolic extents and strides: only what the signature fixes is
     static (strides 0 and 1, piece extents)."""
-    outer = [cute.sym_int32() for _ in geo.outer]
+    extent = cute.sym_int64 if geo.index64 else cute.sym_int32
+    outer = [extent() for _ in geo.outer]
     n_div = 1 if geo.tail or geo.flat else geo.vector  # flat rows: N is any length (``geometry.flat_rows``)
-    n = cute.sym_int32(divisibility=n_div)
+    n = extent(divisibility=n_div)
     fakes = []
     for o in geo.operands:
         shape = list(reversed(outer)) + [n if o.shape[-1] == geo.n else o.shape[-1]]
@@ -267,7 +281,7 @@ def fake_operands(geo: Geometry):
         # the base tensor as it is: a dim that is a mode carries the mode's symbols, the
         # innermost dim of a run its stride; every other extent and stride is free
         ndim = geo.bases[o.source].ndim
-        bshape, bstride = [cute.sym_int32() for _ in range(ndim)], [cute.sym_int64() for _ in range(ndim)]
+        bshape, bstride = [extent() for _ in range(ndim)], [cute.sym_int64() for _ in range(ndim)]
         for j, e in enumerate(m.modes):
             if isinstance(e, Run):
                 bstride[e.dims[-1]] = strides[j]

@@ -143,6 +143,23 @@ def _is_number(a) -> bool:
 _F32 = torch.float32
 _SUPPORTED_POINTWISE = frozenset(POINTWISE) - {"full", "iota"}
 _SUPPORTED_REDUCTIONS = frozenset(("sum", "amax", "amin", "prod", "var", "var_mean"))
+# the row, column and split kernels accumulate in fp32: exact for these operands' values alone
+# (an fp64 sum in fp32 loses 29 bits; an integer sum past 2**24 is rounded, where eager's is exact)
+_REDUCED_DTYPES = frozenset((torch.bfloat16, torch.float16, torch.float32))
+
+
+def _exact_in_fp32(arg, count: int) -> bool:
+    """Does an fp32 accumulator give eager's reduction of expression ``arg`` over ``count``
+    elements? For 32-bit and narrower floats (eager accumulates them in fp32 too), and for
+    a count of booleans (a mask's, a loss's valid targets: integers converted from bool),
+    exact below 2**24; an fp64 sum in fp32 would lose 29 bits, an integer sum would round
+    past 2**24 where eager's is exact."""
+    dt = dtype_of(arg)
+    if dt in _REDUCED_DTYPES:
+        return True
+    while isinstance(arg, Op) and arg.op == "convert_element_type" and not dtype_of(arg).is_floating_point:
+        arg = arg.args[0]
+    return dtype_of(arg) == torch.bool and count <= 2**24
 
 
 def _read_by_no_kernel(seg: Segment, made_by_torch) -> set[int]:
@@ -742,6 +759,9 @@ class _Lowering:
         if tuple(node.args[0].shape) != tuple(self.seg.domain) or (dims != tuple(self.seg.reduced) and not across):
             raise Unsupported(f"{node.op} over {dims} of {tuple(node.args[0].shape)} is not the segment's row")
         arg = self.operand(node.args[0])
+        if not _exact_in_fp32(arg, _numel(tuple(self.seg.domain[d] for d in dims))):
+            raise Unsupported(f"{node.op} of {node.args[0].name}, {node.args[0].dtype}: the reduction kernels "
+                              "accumulate in fp32")
         if across:
             if has_reduce(arg):
                 raise Unsupported(f"{node.op} per column of a value computed from a row reduction")

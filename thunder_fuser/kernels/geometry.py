@@ -317,9 +317,12 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
         split_row_tiling(geo, splits)
     elif prog.family == "rows":
         row_tiling(geo, sm_count, reads_rows_once(prog))
+    geo.index64 = needs_64bit_indices(geo, prog.family)
     pointwise = prog.family != "rows" and outer_sel is None
     rows = bool(geo.row_threads) and not geo.split_rows and not prog.across  # looped or in registers
-    if (rows or (pointwise and not prog.select_dims)) and flat_rows(geo, widest, pointwise):
+    if geo.index64:
+        pass  # the plain pointwise template alone: its tiled variants index in 32 bits
+    elif (rows or (pointwise and not prog.select_dims)) and flat_rows(geo, widest, pointwise):
         geo.vector, geo.flat = widest, True
         if rows:  # wider vectors: fewer per thread, and a row looped for its narrow ones may fit registers
             row_tiling(geo, sm_count, reads_rows_once(prog))
@@ -327,9 +330,30 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
     elif pointwise:
         geo.stage = transpose_stage(prog, geo)
         geo.reuse = () if geo.stage else broadcast_reuse(geo)
-    if math.prod(outer) * max(1, -(-n // vector)) >= 2**31:
-        raise Unsupported("more than 2**31 vectors")
     return geo
+
+
+# Beyond this, a kernel's extents, thread index and vector counts take 64-bit integers (a
+# margin below 2**31 covers a vector's or a block's rounding up)
+INT32_LIMIT = 2**31 - 2**16
+
+
+def needs_64bit_indices(geo: Geometry, family: str) -> bool:
+    """Does this call's geometry need 64-bit index arithmetic? Offsets are 64-bit already
+    (every stride but 0 and 1 is a 64-bit symbol, so a row's offset is a 64-bit product);
+    what overflows 32 bits is an extent (one coalesced dim of 2**31 elements: a contiguous
+    tensor of that size is one), a base tensor's extent, or the count of vectors a
+    pointwise kernel gives its threads. Chosen per call, so that every smaller tensor keeps
+    32-bit arithmetic; the pointwise template (and its cat/pad pieces) runs either way, the
+    row and column families raise ``Unsupported`` (torch runs the segment)."""
+    extents = list(geo.outer) + [geo.n] + [e for b in geo.bases for e in b.shape]
+    vectors = math.prod(geo.outer) * max(1, -(-geo.n // geo.vector))
+    if max(extents, default=0) < INT32_LIMIT and (family == "rows" or vectors < INT32_LIMIT):
+        return False
+    if family == "rows":
+        raise Unsupported(f"a dim of {max(extents):,} elements: the row and column kernels index their "
+                          "extents in 32 bits, torch runs the segment")
+    return True
 
 
 def vector_width(operands: list, by_stores: bool | None = None) -> int:

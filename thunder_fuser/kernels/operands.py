@@ -81,6 +81,7 @@ class Geometry:
     # of operand ``map_ref``'s mode)
     base_maps: tuple = ()
     map_ref: int = 0
+    index64: bool = False  # extents and thread indices in 64 bits (``geometry.needs_64bit_indices``)
 
     def drop_call_tensors(self) -> None:
         """Keep only what the compile and the signature read of the bases (their metadata):
@@ -111,4 +112,5 @@ class Geometry:
             self.outer_select and tuple(o.shape[len(self.outer) - 1] for o in self.operands), self.reuse, self.stage,
             self.across, self.last_use, self.flat,
             tuple(m and (m, self.bases[o.source].ndim) for m, o in zip(self.base_maps, self.operands)), self.map_ref,
+            self.index64,
         )

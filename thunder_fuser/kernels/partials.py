@@ -122,7 +122,8 @@ def _combine_splits(ws: cute.Tensor, col, group, pred: cutlass.Boolean, combine:
 @cute.jit
 def _sum_splits(ws: cute.Tensor, col, group, pred: cutlass.Boolean):
     """The group's splits' partial sums, Kahan-compensated: hundreds of splits added one
-    after the other would each round at the size of the whole sum."""
+    after the other would each round at the size of the whole sum. Infinities sum as
+    eager's do (inf, or NaN for inf + -inf)."""
     v = cutlass.Float32(0.0)
     lost = cutlass.Float32(0.0)
     if pred:
@@ -130,7 +131,8 @@ def _sum_splits(ws: cute.Tensor, col, group, pred: cutlass.Boolean):
             for x in _split_batch(ws, s0, col, cutlass.Float32(0.0)):
                 y = x - lost
                 t = v + y
-                lost = (t - v) - y
+                # an infinite sum carries no rounding to compensate ((inf - v) - y is NaN)
+                lost = cutlass.select_(t - t == 0.0, (t - v) - y, cutlass.Float32(0.0))
                 v = t
     return v - lost
 

@@ -135,7 +135,9 @@ def pointwise_pieces(prog: Program, geo: Geometry):
             extent = mode_extent(t2s[ref_slot], rank, reuse[0])
             M = M // extent * ((extent + reuse[1] - 1) // reuse[1])  # groups of rows
         nvec = (N + V - 1) // V
-        return (t2s, tvs, M, N, nvec), (M * nvec + T - 1) // T
+        index = cutlass.Int64 if geo.index64 else cutlass.Int32  # the extents' type (``fake_operands``)
+        M, N, nvec = index(M), index(N), index(nvec)
+        return (t2s, tvs, M, N, nvec), ((M * nvec + T - 1) // T).to(cutlass.Int32)
 
     return setup, thread, values
 
@@ -238,10 +240,10 @@ def build_pointwise(prog: Program, geo: Geometry):
     T = POINTWISE_THREADS
 
     @cute.kernel
-    def kernel(t2s, tvs, M: cutlass.Int32, N: cutlass.Int32, nvec: cutlass.Int32):
+    def kernel(t2s, tvs, M, N, nvec):  # Int32, or Int64 where the geometry needs 64-bit indices
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        thread((t2s, tvs, M, N, nvec), bidx * T + tidx)
+        thread((t2s, tvs, M, N, nvec), first_thread(bidx, T, geo.index64) + tidx)
 
     @cute.jit
     def launch(ts, stream):
@@ -249,6 +251,12 @@ def build_pointwise(prog: Program, geo: Geometry):
         kernel(t2s, tvs, M, N, nvec).launch(grid=[blocks, 1, 1], block=[T, 1, 1], stream=stream)
 
     return launch
+
+
+def first_thread(bidx, T: int, index64: bool):
+    """The linear index of block ``bidx``'s first thread, in 64 bits where the threads
+    number 2**31 or more."""
+    return cutlass.Int64(bidx) * T if index64 else bidx * T
 
 
 def build_pointwise_group(progs: list, geos: list):

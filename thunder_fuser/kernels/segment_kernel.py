@@ -288,6 +288,8 @@ def launch_group(kernels: list, defer: bool = False) -> tuple[LaunchGroup | None
             return None, f"segment {k.seg.index} writes in place or runs elsewhere"
         if k.parts[0].geo.stage:
             return None, f"segment {k.seg.index} stages operands through shared memory (a block-wide tile)"
+        if k.parts[0].geo.index64:
+            return None, f"segment {k.seg.index} indexes in 64 bits (2**31 elements or more)"
     try:
         return LaunchGroup(kernels, defer), ""
     except Exception as e:  # noqa: BLE001 - the members still run, one launch each

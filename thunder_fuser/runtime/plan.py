@@ -76,9 +76,6 @@ def input_layout(region: Region, args) -> tuple[dict[str, tuple[int, ...]], dict
     return orders, bcast
 
 
-INT32_ELEMENTS = 2**31
-
-
 @dataclass
 class Plan:
     region: Region
@@ -111,12 +108,6 @@ class Plan:
         return k
 
     def _prepared(self, seg: Segment, mode: str, env, compile_now: bool) -> SegmentKernel:
-        if seg.kind != "normalization" and max((v.numel for v in seg.inputs + seg.outputs if v.is_tensor),
-                                               default=0) >= INT32_ELEMENTS:
-            # their flat offsets are 32-bit (a row kernel's are per row: a loss over [32768,
-            # 128256] bf16 was right on the H100); 64-bit offsets are not written yet
-            raise Unsupported(f"a tensor of {INT32_ELEMENTS:,} elements or more: this kernel family "
-                              "indexes in 32 bits, torch runs the segment")
         k = SegmentKernel(seg, self.orders, mode)
         device = _device_of(env, self.region)
         k.prepare(env, device, compile_now, defer=self._may_defer([seg], device))

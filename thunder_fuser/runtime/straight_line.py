@@ -111,10 +111,11 @@ def _view_on_meta(n, m: torch.Tensor) -> torch.Tensor | None:
 
 class _Launch:
     """A line of the body that launches a kernel, and the names of the tensors it reads or
-    writes (the graph's key, ``region_graphs.py``)."""
+    writes (the graph's key, ``region_graphs.py``); ``writes``: it writes a tensor it did
+    not allocate (an in-place update, or an output over a dead input)."""
 
-    def __init__(self, text: str, names):
-        self.text, self.names = text, tuple(dict.fromkeys(names))
+    def __init__(self, text: str, names, writes: bool = False):
+        self.text, self.names, self.writes = text, tuple(dict.fromkeys(names)), writes
 
 
 class _Del:
@@ -199,6 +200,7 @@ class _Writer:
         # slice -> reshape -> transpose costs one torch call, and a view only other views
         # read costs none)
         self.lazy: dict[int, torch.Tensor] = {}
+        self.writing = False  # the next launch writes over a dead input (``donor_for``)
         self.cuda_device: int | None = None  # the index of the CUDA device ``allocation`` assumes current
         self.graphs_wanted = False  # launches to replay as a graph (``graphed_body``)
         self.defers = False  # the launches are handed to ``run`` (``graphed_body``)
@@ -341,7 +343,8 @@ class _Writer:
 
         Everything but the launches runs first, in order (allocations, views: no values
         read), then the key and the launches, then what reads their values (a view that
-        may copy). A ``del`` of a name the launches read waits until the end."""
+        may copy; not where a launch after it writes in place: the copy would read the
+        written values). A ``del`` of a name the launches read waits until the end."""
         launches = [line for line in self.body if isinstance(line, _Launch)]
         if len(launches) < region_graphs.MIN_LAUNCHES or any(isinstance(line, _Torch) for line in self.body):
             return None
@@ -364,6 +367,8 @@ class _Writer:
             elif isinstance(line, _View) and ((after and line.op in _MAY_COPY and not line.view) or line.src in post_made):
                 if line.out in launched:  # a launch would read a copy made before it ran
                     return None
+                if any(later.writes for later in self.body[i + 1:] if isinstance(later, _Launch)):
+                    return None  # the copy, made after every launch, would read what a later one writes
                 post.append(line.text)
                 post_reads.add(line.src)
                 post_made.add(line.out)
@@ -529,6 +534,7 @@ class _Writer:
                 if self.run is not None:  # what the run's pending launches hold of it (``LaunchRun.release``)
                     self.body.append(f"{self.const(self.run.release, 'release')}({d})")
                 self.body.append(f"{name} = {over} if donated({d}) else {fresh}")
+                self.writing = True  # the launch writes over an input
             if segment_kernel.FILL_NAN and dtype.is_floating_point:
                 self.body.append(f"{name}.fill_(nan)")
             self.fresh[target] = strides
@@ -577,16 +583,18 @@ class _Writer:
 
     def launch(self, k: SegmentKernel, part, views: str) -> None:
         used, self.using = self.using or [], None
+        writes, self.writing = bool(k.write_outs) or self.writing, False
         self.note_device(k)
         if k.mode != "cute":
-            self.body.append(_Launch(f"run_on_torch({self.const(part, 'part')}, {views})", used))
+            self.body.append(_Launch(f"run_on_torch({self.const(part, 'part')}, {views})", used, writes))
         elif part.workspace is None:
-            self.body.append(_Launch(f"{self.const(part.fn, 'kernel')}({views})", used))
+            self.body.append(_Launch(f"{self.const(part.fn, 'kernel')}({views})", used, writes))
         else:  # a column reduction: its workspace and rows per split, as ``_Part.extra_args`` makes them
             ws = self.fresh_name("ws")
             self.alloc_lines.append(len(self.body))
             self.body.append(f"{ws} = {self.allocation(part.workspace, _row_major(part.workspace), torch.float32, k.device)}")
-            self.body.append(_Launch(f"{self.const(part.fn, 'kernel')}({views}, {ws}, {part.per_split})", used + [ws]))
+            self.body.append(_Launch(f"{self.const(part.fn, 'kernel')}({views}, {ws}, {part.per_split})", used + [ws],
+                                     writes))
             self.body.append(_Del([ws]))
 
     def finish(self, k: SegmentKernel) -> None:
