@@ -9,7 +9,8 @@ one row kernel. A pointwise op of one tensor commutes with any reshape, so movin
 reshape onto its input gives the op the consumer's domain, and the segmenter joins it there.
 
 Only where the op's result is read by that reshape alone and is not a region output (else
-both shapes would be computed).
+both shapes would be computed). The pair takes the op's place in the region, so the op reads
+its input when it did (a later in-place write into it must not be seen).
 """
 
 from __future__ import annotations
@@ -37,15 +38,17 @@ def _one_round(region: Region) -> bool:
             continue
         y = node.args[0]
         p = producer.get(id(y))
-        if p is None or p.op not in _ONE_INPUT or id(p) in dropped or id(y) in outputs or len(uses.get(id(y), ())) != 1:
+        if p is None or p.op not in _ONE_INPUT or id(p) in replaced or id(y) in outputs or len(uses.get(id(y), ())) != 1:
             continue
         x = p.args[0]
         if not isinstance(x, Value) or not x.is_tensor or tuple(x.shape) != tuple(y.shape):
             continue
         flat = Value(f"{x.name}_r", tuple(node.output.shape), x.dtype)
-        replaced[id(node)] = [Node("reshape", (x, tuple(node.args[1])), {}, (flat,)),
-                              Node(p.op, (flat,) + tuple(p.args[1:]), dict(p.kwargs), node.outputs)]
-        dropped.add(id(p))
+        # at the op's place, not the reshape's: ``x`` is read when the op read it, before any
+        # later in-place write into it (``a.exp()``, ``a.mul_(2)``, then the reshape)
+        replaced[id(p)] = [Node("reshape", (x, tuple(node.args[1])), {}, (flat,)),
+                           Node(p.op, (flat,) + tuple(p.args[1:]), dict(p.kwargs), node.outputs)]
+        dropped.add(id(node))
     if not replaced:
         return False
     nodes = []

@@ -96,6 +96,9 @@ class Plan:
     # were laid out against its outputs: the reference backend's outputs are put in its layout
     laid_out: dict = field(default_factory=dict)
     called: bool = False  # after the first call: kernels are no longer queued for workers but waited for
+    # value id -> strides: fresh values a region output views (``viewed_roots``); where torch
+    # computes one (a segment on the reference backend), it is copied into the plan's layout
+    viewed: dict = field(default_factory=dict)
 
     def _kernel_for(self, seg: Segment, env, compile_now: bool = True):
         """Build the segment's kernel at the plan's first call, when every tensor it reads
@@ -227,6 +230,10 @@ class Plan:
                         k = k or self.laid_out.get(seg.index)
                         if k is not None:
                             k.conform(env)
+                        elif self.viewed:
+                            for v in seg.outputs:
+                                if id(v) in self.viewed:
+                                    env[id(v)] = conform_output(env[id(v)], self.viewed[id(v)])
             for vid in frees:
                 env.pop(vid, None)
         self.called = True
@@ -275,16 +282,31 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
         strides_for_order(o.shape, orders[id(o)]) if id(o) in fresh and o.is_tensor and id(o) in orders else None
         for o in region.outputs
     ]
+    roots = storage_roots(region)
+    viewed = viewed_roots(region, roots, fresh, orders)
     # an input written through a view of it is written too: torch refuses both for a leaf that
     # requires grad (the gradient would be lost)
-    roots = storage_roots(region)
     written_roots = {id(roots.get(id(n.written), n.written)) for n in region.writes()}
     written |= {id(roots.get(id(v), v)) for v in region.self_copies}
     written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written or id(v) in written_roots)
     directly_written = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
     debug.dump("layout", lambda: _layout_text(region, in_orders, orders, kinds))
     return Plan(region, segments, orders, kinds, schedule_segments(region, segments), error, out_strides, written_inputs,
-                layout_notes=notes, directly_written=directly_written)
+                layout_notes=notes, directly_written=directly_written, viewed=viewed)
+
+
+def viewed_roots(region: Region, roots: dict, fresh: set, orders: dict) -> dict:
+    """Value id -> strides of each fresh value a region output is a view of: its layout is
+    the output's, so it must be the plan's whoever computes it. A kernel allocates it so; a
+    segment torch runs (the reference backend) gets torch's layout for the ops it runs (a
+    log_softmax over dim 0 of a permuted fp64 input came out permuted where eager's is
+    contiguous), and is copied into the plan's."""
+    viewed = {}
+    for o in region.outputs:
+        r = roots.get(id(o))
+        if r is not None and r is not o and r.is_tensor and id(r) in fresh and id(r) in orders:
+            viewed[id(r)] = strides_for_order(r.shape, orders[id(r)])
+    return viewed
 
 
 def _layout_text(region, in_orders, orders, kinds) -> str:

@@ -406,6 +406,10 @@ class _Writer:
             k = plan.kernels[seg.index]
             if k is None:
                 self.reference(seg.nodes)
+                for v in seg.outputs:  # a value an output views, in the plan's layout (``Plan.viewed``)
+                    if id(v) in plan.viewed and self.name(id(v)) is not None:
+                        name = self.name(id(v))
+                        self.body.append(_Torch(f"{name} = conform({name}, {plan.viewed[id(v)]})"))
             else:
                 self.kernel(k, seg.index)
 
