@@ -91,19 +91,19 @@ def test_the_trace_shows_the_run_its_members_and_the_flush(stand_in):
     jfn, calls = _mlp_calls()
     assert calls == [
         "run0_begin()",
-        "t13 = run0_linear(x, w1, b1)",
-        "(h,) = fuser0(t13)",
-        "del t13",
-        "t14 = run0_linear(h, w2, None)",
-        "del h",
-        "(t9,) = fuser1(t14)",
-        "del t14",
+        "t20 = run0_linear(x, w1, b1)",
+        "(t27,) = fuser0(t20)",
+        "del t20",
+        "t28 = run0_linear(t27, w2, None)",
+        "del t27",
+        "(t9,) = fuser1(t28)",
+        "del t28",
         "run0_flush()",
         "return (t9,)",
     ]
     src = str(thunder.last_traces(jfn)[-1])
-    assert "# t13 = torch.nn.functional.linear(x, w1, b1)" in src  # the op it stands for, under it
-    assert "# run0: linear t13, fuser0, linear t14, fuser1: launched as one CUDA graph keyed on their pointers" in src
+    assert "# t20 = torch.nn.functional.linear(x, w1, b1)" in src  # the op it stands for, under it
+    assert "# run0: linear t20, fuser0, linear t28, fuser1: launched as one CUDA graph keyed on their pointers" in src
 
 
 def test_values_are_eagers_call_after_call_and_the_run_replays_its_graph(stand_in, monkeypatch):
@@ -127,14 +127,14 @@ def test_a_run_flushes_after_the_del_past_which_it_would_hold_too_much(stand_in,
     monkeypatch.setattr(launch_run, "HELD_BYTES", 0)
     assert _mlp_calls()[1] == [
         "run0_begin()",
-        "t13 = run0_linear(x, w1, b1)",
-        "(h,) = fuser0(t13)",
-        "del t13",
+        "t20 = run0_linear(x, w1, b1)",
+        "(t27,) = fuser0(t20)",
+        "del t20",
         "run0_flush()",
-        "t14 = torch.nn.functional.linear(h, w2, None)",
-        "del h",
-        "(t9,) = fuser1(t14)",
-        "del t14",
+        "t28 = torch.nn.functional.linear(t27, w2, None)",
+        "del t27",
+        "(t9,) = fuser1(t28)",
+        "del t28",
         "return (t9,)",
     ]
 

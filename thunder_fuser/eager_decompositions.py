@@ -20,8 +20,9 @@ of ``RULES`` replace the op's subsymbols before regions are claimed, anywhere in
   before promotion (a bf16 ``b * alpha``, rounded, then added to fp32 ``a``); torch computes
   ``a + alpha * b`` in the promoted computation dtype and rounds once (reading ``alpha`` in
   the result's dtype on the CPU, in the computation dtype on CUDA);
-* ``ROUNDED_ONCE`` activations of 16-bit floats (gelu, silu, ...): thunder's decomposition
-  rounds each step to 16 bits; torch computes in fp32 and rounds once.
+* ``gelu`` and ``silu`` (claimed as relu, ``register``) and the ``ROUNDED_ONCE`` activations
+  of 16-bit floats (softplus, mish, ...): thunder's decomposition rounds each step to 16
+  bits; torch computes in fp32 and rounds once, in its own formula.
 """
 
 from __future__ import annotations
@@ -54,14 +55,27 @@ def _tensor_on_a_device(a, inplace=False) -> bool:
     return isinstance(a, TensorProxy) and a.device.type in ("cpu", "cuda") and dtypes.is_inexact_dtype(a.dtype)
 
 
+def _opmath(a):
+    """The dtype torch's elementwise kernels compute ``a``'s dtype in."""
+    return dtypes.float32 if dtypes.is_low_precision_dtype(a.dtype) else a.dtype
+
+
+def _gelu_math(x, approximate):
+    """torch's gelu, in ``x``'s dtype (written out in elementwise ops: calling ``ltorch.gelu``
+    here would be our claimed symbol again)."""
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + ltorch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
+    return x * 0.5 * (1.0 + ltorch.erf(x * (1.0 / math.sqrt(2.0))))
+
+
 def _gelu_once(a, approximate="none"):
-    return ltorch.to(ltorch.gelu(ltorch.to(a, dtypes.float32), approximate=approximate), a.dtype)
+    return ltorch.to(_gelu_math(ltorch.to(a, _opmath(a)), approximate), a.dtype)
 
 
 def _gelu_grad(a, approximate="none"):
-    """torch's ``gelu_backward``: in fp32 from the 16-bit input and cotangent, rounded once."""
+    """torch's ``gelu_backward``: from the input and cotangent in the compute dtype, rounded once."""
     out = _gelu_once(a, approximate)
-    x, g = ltorch.to(a, dtypes.float32), ltorch.to(get_grad(out), dtypes.float32)
+    x, g = ltorch.to(a, _opmath(a)), ltorch.to(get_grad(out), _opmath(a))
     if approximate == "tanh":
         beta, kappa = math.sqrt(2.0 / math.pi), 0.044715
         x_sq = x * x
@@ -75,33 +89,34 @@ def _gelu_grad(a, approximate="none"):
 
 
 def _silu_once(a, inplace=False):
-    return ltorch.to(ltorch.silu(ltorch.to(a, dtypes.float32)), a.dtype)
+    x = ltorch.to(a, _opmath(a))
+    return ltorch.to(x * ltorch.sigmoid(x), a.dtype)
 
 
 def _silu_grad(a, inplace=False):
-    """torch's ``silu_backward``: in fp32, rounded once."""
+    """torch's ``silu_backward``: in the compute dtype, rounded once."""
     out = _silu_once(a)
-    x, g = ltorch.to(a, dtypes.float32), ltorch.to(get_grad(out), dtypes.float32)
+    x, g = ltorch.to(a, _opmath(a)), ltorch.to(get_grad(out), _opmath(a))
     sig = ltorch.sigmoid(x)
     put_grad(a, ltorch.to(g * sig * (1.0 + x * (1.0 - sig)), a.dtype))
     return out
 
 
-def _16_bit_on_a_device(a, *args, inplace=False, **kwargs) -> bool:
+def _float_on_a_device(a, *args, inplace=False, **kwargs) -> bool:
     return (isinstance(a, TensorProxy) and a.device.type in ("cpu", "cuda") and not inplace
-            and dtypes.is_low_precision_dtype(a.dtype) and dtypes.is_float_dtype(a.dtype))
+            and dtypes.is_float_dtype(a.dtype))
 
 
 def register(executor) -> frozenset:
     """Claim the ops whose rule holds in training too (their forward and backward); their
     ids. thunder's autodiff decomposes an op before any trace pass sees the forward, so an
-    op whose backward must round as torch's does is one we claim: relu, and gelu and silu of
-    16-bit floats (thunder's backward of those rounded half the elements of a bf16 gradient
-    an ulp away from eager's)."""
+    op whose backward must round as torch's does is one we claim: relu, and gelu and silu,
+    computed as torch computes them (thunder's forward and backward of a 16-bit one rounded
+    each step: a bf16 gradient had half its elements an ulp away from eager's)."""
     executor.register_supported(ltorch.relu, _tensor_on_a_device, execution_transform=_relu, grad_transform=_relu_grad)
-    executor.register_supported(ltorch.gelu, _16_bit_on_a_device, execution_transform=_gelu_once,
+    executor.register_supported(ltorch.gelu, _float_on_a_device, execution_transform=_gelu_once,
                                 grad_transform=_gelu_grad)
-    executor.register_supported(ltorch.silu, _16_bit_on_a_device, execution_transform=_silu_once,
+    executor.register_supported(ltorch.silu, _float_on_a_device, execution_transform=_silu_once,
                                 grad_transform=_silu_grad)
     return frozenset((ltorch.relu.id, ltorch.gelu.id, ltorch.silu.id))
 
@@ -156,8 +171,8 @@ def _of_16_bit_floats(bsym: BoundSymbol) -> bool:
 # input's intermediate to 16 bits, where torch's kernel rounds once: bf16 gelu, silu, mish and
 # hardswish differed from eager's in 27-39% of elements (an ulp), softplus, logsigmoid, selu
 # and hardsigmoid in 15-19%
-ROUNDED_ONCE = (ltorch.gelu, ltorch.silu, ltorch.softplus, ltorch.mish, ltorch.hardswish, ltorch.hardsigmoid,
-                ltorch.logsigmoid, ltorch.selu)
+# (gelu and silu are ops we claim: ``register``)
+ROUNDED_ONCE = (ltorch.softplus, ltorch.mish, ltorch.hardswish, ltorch.hardsigmoid, ltorch.logsigmoid, ltorch.selu)
 
 # symbol id -> (does the rule apply to this call, the rule)
 RULES: dict[str, tuple[Callable[[BoundSymbol], bool], Callable]] = {

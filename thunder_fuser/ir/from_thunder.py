@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from thunder.core import devices, dtypes
 from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
 from thunder.core.symbol import BoundSymbol
 
-from thunder_fuser.ir.ops import SUPPORTED
+from thunder_fuser.ir.ops import METADATA, SUPPORTED
 
 CONTIGUOUS = "thunder_fuser: contiguous as torch's kernel returns it"  # a proxy tag: ``eager_decompositions``
 from thunder_fuser.ir.region import Node, Region, Value
@@ -108,6 +109,7 @@ def build_region(
         for o, v in zip(bsym.flat_proxy_outs, outs):
             v.contiguous = CONTIGUOUS in o.tags
         nodes.append(Node(op_name(bsym), args, kwargs, outs, bsym_text(bsym)))
+    _count_booleans(nodes)
     out_values = [b.value(p) for p in outputs]
     device = "cpu"
     for p in list(inputs) + list(outputs):
@@ -115,3 +117,19 @@ def build_region(
             device = p.device.type
             break
     return Region(name, in_values, nodes, out_values, device=device)
+
+
+def _count_booleans(nodes: list[Node]) -> None:
+    """thunder types a sum of booleans as a boolean (``prims.sum`` keeps its input's dtype);
+    torch, which thunder's torch executor calls, returns the count (int64), and thunder's
+    own rules rely on it: amax's backward divides the cotangent by ``sum(a == max)``, the
+    number of tied maxima. Such a sum's result, and the views taken of it, are int64 here as
+    at run time there (typed bool, the count was True: each tie got the whole cotangent)."""
+    counts: set[int] = set()
+    for n in nodes:
+        if n.op == "sum" and n.args[0].dtype == torch.bool and n.output.dtype == torch.bool:
+            n.output.dtype = torch.int64
+            counts.add(id(n.output))
+        elif n.op in METADATA and n.args and id(n.args[0]) in counts and n.output.dtype == torch.bool:
+            n.output.dtype = torch.int64
+            counts.add(id(n.output))

@@ -19,6 +19,8 @@ Orders list dims from outermost to innermost, like ``x.permute(order).is_contigu
 
 from __future__ import annotations
 
+import torch
+
 from thunder_fuser.ir.ops import kind_of
 from thunder_fuser.ir.region import Node, Region, Value
 from thunder_fuser.layout.reshape_groups import reshape_groups
@@ -148,13 +150,16 @@ def infer_allocation_orders(
     input_orders: dict[str, tuple[int, ...]],
     input_broadcast: dict[str, frozenset] | None = None,
     prov: dict[int, Prov] | None = None,
+    input_strides: dict[str, tuple[int, ...]] | None = None,
 ) -> dict[int, tuple[int, ...]]:
     """Allocation order (outermost first) for every tensor value in the region.
 
     ``input_orders``/``input_broadcast`` give each input's stride order and stride-0 dims as
-    met at run time; a broadcast operand never becomes the reference.
+    met at run time; a broadcast operand never becomes the reference. ``input_strides``: the
+    inputs' strides themselves, which TensorIterator reads, a size-1 dim's included.
     """
     input_broadcast = input_broadcast or {}
+    real = {id(v): input_strides[v.name] for v in region.inputs if input_strides and v.name in input_strides}
     prov = prov if prov is not None else dim_provenance(region, input_broadcast)
     inputs = {v.name: v for v in region.inputs if v.is_tensor}
     result: dict[int, tuple[int, ...]] = {}
@@ -164,8 +169,9 @@ def infer_allocation_orders(
     zeros: dict[int, frozenset] = {id(v): input_broadcast.get(v.name, v.broadcast_dims) for v in region.inputs}
     for node in region.nodes:
         operands = node.tensor_inputs()
+        materialized = node.op == "convert_element_type" and region.device == "cpu" and operands
         if operands:
-            z = _zero_dims(node, operands, zeros)
+            z = frozenset() if materialized else _zero_dims(node, operands, zeros)
             zeros.update((id(o), z) for o in node.outputs if o.is_tensor)
         for out in node.outputs:
             if not out.is_tensor or id(out) in result:
@@ -173,6 +179,8 @@ def infer_allocation_orders(
             if node.op in ("copy_", "copy_to_out_"):
                 dst = node.written
                 result[id(out)] = result.get(id(dst), tuple(range(out.ndim)))
+                if id(dst) in real:  # the destination itself, written
+                    real[id(out)] = real[id(dst)]
                 continue
             if node.op == "update_aliases":
                 continue
@@ -182,17 +190,27 @@ def infer_allocation_orders(
             if kind_of(node.op) == "reduction" or out.contiguous:  # as torch allocates a reduction's result
                 result[id(out)] = tuple(range(out.ndim))
                 continue
+            if materialized and not _dense(operands[0], result.get(id(operands[0])), zeros, real):
+                # the CPU's TensorIterator converts an operand of another dtype first, by ``.to()``:
+                # a tensor that is not dense comes out in its suggested memory format
+                result[id(out)] = _suggested_format(out, operands, [result.get(id(operands[0]))], real)
+                continue
             # a 0-d operand (thunder's prims take one beside a tensor with dims) orders nothing
             full = [v for v in operands if v.ndim]
             if (kind_of(node.op) == "pointwise" and full and all(v.ndim == out.ndim and id(v) in result for v in full)):
-                result[id(out)] = eager_order(out.shape, [_strides(v, result[id(v)], zeros) for v in full])
+                result[id(out)] = eager_order(out.shape, [_strides(v, result[id(v)], zeros, real) for v in full])
                 continue
             if node.op in ("cat", "pad"):  # torch allocates them in its suggested memory format
-                result[id(out)] = _suggested_format(out, [result.get(id(v)) for v in operands])
+                result[id(out)] = _suggested_format(out, operands, [result.get(id(v)) for v in operands], real)
                 continue
             if node.op in _VIEWS and operands and id(operands[0]) in result:
                 # a view keeps its operand's strides (so eager's next op sees them)
                 src = operands[0]
+                # its strides themselves, as torch views its operand's (an input's own, a computed
+                # value's as allocated): TensorIterator reads a size-1 dim's stride too
+                viewed = _view_strides(node, src, real.get(id(src)) or strides_for_order(src.shape, result[id(src)]))
+                if viewed is not None:
+                    real[id(out)] = viewed
                 through = tuple(frozenset((src.name, d, p, n) for d, p, n in reads)
                                 for reads in _node_dim_map(node, src))
                 result[id(out)] = _order_from_reference(out, through, src, result[id(src)])
@@ -201,30 +219,82 @@ def infer_allocation_orders(
         if node.op == "update_aliases":
             for a, o in zip(node.args[0], node.outputs):
                 result[id(o)] = result.get(id(a), tuple(range(o.ndim)))
+                if id(a) in real:
+                    real[id(o)] = real[id(a)]
     return result
 
 
 _VIEWS = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy", "slice_prim")
 
 
-def _suggested_format(out: Value, operand_orders: list) -> tuple[int, ...]:
-    """torch's ``suggest_memory_format`` for ``cat`` and ``pad``: channels-last where every
-    operand is laid out so (4-D or 5-D), else contiguous."""
+def _view_strides(node: Node, src: Value, strides) -> tuple[int, ...] | None:
+    """The strides of view ``node`` of ``src`` (laid out at ``strides``), as torch views it,
+    or None where torch would copy or the op fails on a meta tensor."""
+    from thunder_fuser.backends.reference import REFERENCE_IMPLS
+
+    try:
+        base = torch.empty_strided(src.shape, strides, dtype=src.dtype, device="meta")
+        v = REFERENCE_IMPLS[node.op](base, *node.args[1:], **node.kwargs)
+    except Exception:  # noqa: BLE001 - no meta view: unknown
+        return None
+    return tuple(v.stride()) if isinstance(v, torch.Tensor) and v._is_view() else None
+
+
+def _dense(v: Value, order, zeros: dict, real: dict) -> bool:
+    """Is ``v`` non-overlapping and dense (``.to()`` keeps its strides)? A value an op
+    computes is; an input by its strides; a view of one is not known here (taken as dense)."""
+    if zeros.get(id(v)):
+        return False
+    if id(v) not in real:
+        return True
+    expected = 1  # each dim's stride, innermost first, the extent of the dims inside it
+    for stride, n in sorted((s, n) for s, n in zip(real[id(v)], v.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _suggested_format(out: Value, operands: list, operand_orders: list, real: dict) -> tuple[int, ...]:
+    """torch's ``suggest_memory_format`` of its operands (``cat``, ``pad``, a CPU ``.to()``):
+    channels-last where every operand's is (4-D or 5-D), else contiguous."""
     n = out.ndim
     channels_last = (0, *range(2, n), 1) if n in (4, 5) else None
-    if channels_last is not None and operand_orders and all(o == channels_last for o in operand_orders):
+    if channels_last is not None and operands and all(
+        o is not None and _channels_last_strides(v.shape, real.get(id(v)) or strides_for_order(v.shape, o))
+        for v, o in zip(operands, operand_orders)
+    ):
         return channels_last
     return tuple(range(n))
 
 
-def _strides(v: Value, order: tuple[int, ...], zeros: dict[int, frozenset]) -> tuple[int, ...]:
-    """``v``'s strides laid out in ``order``, 0 where a dim is of size one or broadcast
-    (stride 0 in an input, a new dim of a broadcast, or read from one through views; a value
-    an op computes is dense, as torch allocates it): dims that order nothing, as
-    TensorIterator reads them."""
+def _channels_last_strides(shape, strides) -> bool:
+    """c10's ``is_channels_last_strides_2d``/``_3d`` (what ``suggest_memory_format`` reads): the
+    dims C, then W(, D)... H, then N, each stride at least the last one times its extent, a
+    size-1 dim placed by its stride; [1, 5, 5, 1] at strides (25, 1, 5, 5) is channels-last,
+    which comparing permutations missed (found by the random programs)."""
+    if len(shape) not in (4, 5) or strides[1] == 0:
+        return False
+    least = 0
+    for d in (1, 3, 2, 0) if len(shape) == 4 else (1, 4, 3, 2, 0):
+        if shape[d] == 0 or strides[d] < least:
+            return False
+        if d == 0 and least == strides[1]:
+            return False
+        least = strides[d] * (shape[d] if shape[d] > 1 else 1)
+    return True
+
+
+def _strides(v: Value, order: tuple[int, ...], zeros: dict[int, frozenset], real: dict) -> tuple[int, ...]:
+    """``v``'s strides as TensorIterator reads them: an input's own or a view's as torch
+    views its operand (``real``), else laid out in ``order`` (a value an op computes is
+    dense, as torch allocates it), 0 where a dim is
+    broadcast (stride 0 in an input, a new dim of a broadcast, or read from one through
+    views). A size-1 dim keeps its stride: TensorIterator compares it (at batch 1, a
+    permuted input's size-1 dims stop the sort from swapping the dims around them)."""
     z = zeros.get(id(v), frozenset())
-    strides = strides_for_order(v.shape, order)
-    return tuple(0 if v.shape[d] == 1 or d in z else s for d, s in enumerate(strides))
+    strides = real.get(id(v)) or strides_for_order(v.shape, order)
+    return tuple(0 if d in z else s for d, s in enumerate(strides))
 
 
 def _zero_dims(node: Node, operands: list[Value], zeros: dict[int, frozenset]) -> frozenset:
@@ -244,7 +314,8 @@ def _zero_dims(node: Node, operands: list[Value], zeros: dict[int, frozenset]) -
 def eager_order(shape, operand_strides: list[tuple[int, ...]]) -> tuple[int, ...]:
     """The output order (outermost first) torch's TensorIterator gives an elementwise op of
     operands with these strides: an insertion sort of the dims, innermost first, where the
-    first operand that orders a pair (both strides non-zero and different) decides it."""
+    first operand that orders a pair (both strides non-zero and different, or equal over a
+    longer first dim) decides it (``TensorIteratorBase::reorder_dimensions``)."""
     n = len(shape)
 
     def should_swap(d0: int, d1: int) -> int:
@@ -254,6 +325,8 @@ def eager_order(shape, operand_strides: list[tuple[int, ...]]) -> tuple[int, ...
                 continue
             if s0 != s1:
                 return -1 if s0 < s1 else 1
+            if shape[d0] > shape[d1]:  # equal strides: the shorter dim goes innermost
+                return 1
         return 0
 
     perm = list(range(n - 1, -1, -1))  # innermost first

@@ -261,7 +261,8 @@ def conform_output(t, strides):
 def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     in_orders, in_bcast = input_layout(region, args)
     prov = dim_provenance(region, in_bcast)
-    orders = infer_allocation_orders(region, in_orders, in_bcast, prov)
+    strides = {v.name: tuple(a.stride()) for v, a in zip(region.inputs, args) if isinstance(a, torch.Tensor)}
+    orders = infer_allocation_orders(region, in_orders, in_bcast, prov, strides)
     fresh = fresh_values(region, segments)
     notes = lay_out_for_matmuls(region, orders, fresh)
     if kernel_mode({id(v): a for v, a in zip(region.inputs, args)}, region) is not None:
