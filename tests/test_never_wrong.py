@@ -297,6 +297,39 @@ def test_tied_maxima_share_the_gradient_as_eager(backend, f):
     _same(grads[0], grads[1])
 
 
+def test_the_gradient_of_a_value_broadcast_twice_from_0d_keeps_its_shape(backend):
+    """The backward adds two broadcasts of 0-d sums (``c + (c + a)`` over size-1 dims): both
+    were dropped as scalar operands, and the region returned a 0-d gradient for
+    ``[1, 1, 1]`` (found by the thorough random programs)."""
+    grads = []
+    for fn in (thunder.jit(lambda a, c: c + (c + a), executors=thunder_fuser.executors()), lambda a, c: c + (c + a)):
+        a, c = torch.ones(1, 1, 1, 1, requires_grad=True), torch.ones(1, 1, 1, requires_grad=True)
+        fn(a, c).sum().backward()
+        grads.append((a.grad, c.grad))
+    _same(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("case", [
+    ("tanh of a contiguous input with odd size-1 strides, then a broadcast add",
+     lambda a, c: torch.tanh(torch.tanh(c)) + a,
+     lambda: (torch.randn(1, 2, 1, 1).expand(2, 2, 1, 1), torch.randn(1, 1, 1, 2).permute(3, 2, 1, 0))),
+    ("a value of a permuted input at batch 1 with a reduction's result",
+     lambda a: torch.tanh(a.amax(1)) + a * 4.0, lambda: (torch.randn(1, 1, 1, 2).permute(3, 2, 1, 0),)),
+    ("a cat of channels-last values with size-1 dims",
+     lambda a: torch.cat([a - a * 3, a], 0), lambda: (torch.randn(1, 5, 1, 5, dtype=torch.float64).permute(0, 3, 1, 2),)),
+], ids=lambda c: c[0])
+def test_strides_as_tensoriterator_reads_size_1_dims(backend, case):
+    """TensorIterator reads a size-1 dim's stride as it is, lays out an op of operands all
+    contiguous (size-1 dims aside) contiguously unless a number is among them, and cat
+    reads channels-last from strides: these outputs' strides differed from eager's
+    (found by the thorough random programs)."""
+    _, f, make = case
+    args = make()
+    _, got = check_vs_eager(f, *args)
+    want = f(*args)
+    assert [s for s, n in zip(got.stride(), got.shape) if n != 1] == [s for s, n in zip(want.stride(), want.shape) if n != 1]
+
+
 ACTIVATIONS = {
     "gelu": F.gelu, "gelu tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "softplus": F.softplus,
     "mish": F.mish, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "logsigmoid": F.logsigmoid, "selu": F.selu,

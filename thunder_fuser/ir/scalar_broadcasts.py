@@ -34,7 +34,7 @@ def read_scalars_unbroadcast(region: Region) -> None:
             continue
         b = node.output
         readers = uses.get(id(b), [])
-        if readers and all(_keeps_shape(r, b) for r in readers):
+        if readers and all(_keeps_shape(r, b, scalar) for r in readers):
             scalar[id(b)] = s
     if not scalar:
         return
@@ -43,7 +43,10 @@ def read_scalars_unbroadcast(region: Region) -> None:
         n.args = map_values(n.args, lambda v: scalar.get(id(v), v))
 
 
-def _keeps_shape(reader: Node, b: Value) -> bool:
-    """``reader`` is elementwise and another of its operands has ``b``'s shape."""
+def _keeps_shape(reader: Node, b: Value, dropped: dict) -> bool:
+    """``reader`` is elementwise and another of its operands, not a broadcast already
+    dropped, has ``b``'s shape (``add`` of two broadcasts of 0-d values kept one: dropping
+    both made the result 0-d, and the region failed to return its ``[1, 1, 1]``)."""
     return reader.op in _ELEMENTWISE and any(
-        isinstance(a, Value) and a is not b and a.is_tensor and tuple(a.shape) == tuple(b.shape) for a in reader.args)
+        isinstance(a, Value) and a is not b and id(a) not in dropped and a.is_tensor and tuple(a.shape) == tuple(b.shape)
+        for a in reader.args)

@@ -192,7 +192,11 @@ def infer_allocation_orders(
             # a 0-d operand (thunder's prims take one beside a tensor with dims) orders nothing
             full = [v for v in operands if v.ndim]
             if (kind_of(node.op) == "pointwise" and full and all(v.ndim == out.ndim and id(v) in result for v in full)):
-                result[id(out)] = eager_order(out.shape, [_strides(v, result[id(v)], zeros, real) for v in full])
+                # a number or 0-d operand is an operand of another shape to TensorIterator: no fast setup
+                scalars = any(isinstance(a, (int, float, complex)) or (isinstance(a, Value) and a.is_tensor and not a.ndim)
+                              for a in node.args)
+                result[id(out)] = eager_order(out.shape, [_strides(v, result[id(v)], zeros, real) for v in full],
+                                              fast=not scalars)
                 continue
             if node.op in ("cat", "pad"):  # torch allocates them in its suggested memory format
                 result[id(out)] = _suggested_format(out, operands, [result.get(id(v)) for v in operands], real)
@@ -290,12 +294,44 @@ def _zero_dims(node: Node, operands: list[Value], zeros: dict[int, frozenset]) -
     return frozenset(j for j, reads in enumerate(_node_dim_map(node, src)) if all(d in z for d, _, _ in reads))
 
 
-def eager_order(shape, operand_strides: list[tuple[int, ...]]) -> tuple[int, ...]:
+def _fast_setup(shape, operand_strides) -> tuple[int, ...] | None:
+    """TensorIterator's fast setup (``compute_fast_setup_type``): operands of one shape (none
+    broadcast) all contiguous, or all channels-last, give an output laid out so, whatever
+    the strides of their size-1 dims (``tanh`` of a [2, 1, 1, 1] input at strides (1, 2, 2, 2)
+    is contiguous); None otherwise."""
+    n = len(shape)
+    if not operand_strides or any(s == 0 and e != 1 for st in operand_strides for s, e in zip(st, shape)):
+        return None
+    if all(_dense_in(shape, st, range(n - 1, -1, -1)) for st in operand_strides):
+        return tuple(range(n))
+    if n in (4, 5):
+        inner_first = (1, 3, 2, 0) if n == 4 else (1, 4, 3, 2, 0)
+        if all(_dense_in(shape, st, inner_first) for st in operand_strides):
+            return (0, *range(2, n), 1)
+    return None
+
+
+def _dense_in(shape, strides, inner_first) -> bool:
+    """Are ``strides`` dense with the dims ``inner_first`` innermost first (size-1 dims aside)?"""
+    expected = 1
+    for d in inner_first:
+        if shape[d] != 1:
+            if strides[d] != expected:
+                return False
+            expected *= shape[d]
+    return True
+
+
+def eager_order(shape, operand_strides: list[tuple[int, ...]], fast: bool = True) -> tuple[int, ...]:
     """The output order (outermost first) torch's TensorIterator gives an elementwise op of
     operands with these strides: an insertion sort of the dims, innermost first, where the
     first operand that orders a pair (both strides non-zero and different, or equal over a
-    longer first dim) decides it (``TensorIteratorBase::reorder_dimensions``)."""
+    longer first dim) decides it (``TensorIteratorBase::reorder_dimensions``); ``fast``: no
+    operand of another shape (a number), so the fast setup may apply (``_fast_setup``)."""
     n = len(shape)
+    same = _fast_setup(shape, operand_strides) if fast else None
+    if same is not None:
+        return same
 
     def should_swap(d0: int, d1: int) -> int:
         for strides in operand_strides:
