@@ -317,12 +317,16 @@ def test_the_gradient_of_a_value_broadcast_twice_from_0d_keeps_its_shape(backend
      lambda a: torch.tanh(a.amax(1)) + a * 4.0, lambda: (torch.randn(1, 1, 1, 2).permute(3, 2, 1, 0),)),
     ("a cat of channels-last values with size-1 dims",
      lambda a: torch.cat([a - a * 3, a], 0), lambda: (torch.randn(1, 5, 1, 5, dtype=torch.float64).permute(0, 3, 1, 2),)),
+    ("an expanded bf16 plus a permuted fp32 (the CPU converts the bf16 by .to() first)",
+     lambda c, a: torch.tanh(c + a),
+     lambda: (torch.randn(1, 1, 1, 2).to(torch.bfloat16).expand(2, 1, 1, 2), torch.randn(2, 1, 1, 2).permute(3, 2, 1, 0))),
 ], ids=lambda c: c[0])
 def test_strides_as_tensoriterator_reads_size_1_dims(backend, case):
     """TensorIterator reads a size-1 dim's stride as it is, lays out an op of operands all
     contiguous (size-1 dims aside) contiguously unless a number is among them, and cat
-    reads channels-last from strides: these outputs' strides differed from eager's
-    (found by the thorough random programs)."""
+    reads channels-last from strides; on the CPU an operand of another dtype than the op's
+    is converted by ``.to()`` before the op (``eager_decompositions.PROMOTING_OPS``): these
+    outputs' strides differed from eager's (found by the thorough random programs)."""
     _, f, make = case
     args = make()
     _, got = check_vs_eager(f, *args)

@@ -14,7 +14,7 @@ import re
 import pytest
 import thunder
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 
 from attack_programs import AttackProgram, attack_programs
 from helpers import clone_args, kernel_examples
@@ -73,7 +73,11 @@ def check_program(program: AttackProgram, device: str) -> None:
     tol = _tolerance(dtypes, len(program.lines))
     for call in range(2):  # the second call runs the regions' straight-line code
         ours = clone_args(inputs)
-        got = jfn(*ours)
+        try:
+            got = jfn(*ours)
+        except Exception:
+            _unless_thunders_own(fn, inputs)
+            raise
         assert len(got) == len(want)
         for i, (g, w) in enumerate(zip(got, want)):
             assert (g.dtype, g.shape) == (w.dtype, w.shape), f"output {i}: {g.dtype}{list(g.shape)}, eager {w.dtype}{list(w.shape)}"
@@ -84,6 +88,16 @@ def check_program(program: AttackProgram, device: str) -> None:
             torch.testing.assert_close(o, t, equal_nan=True, **tol, msg=lambda m: f"input {k} after the call: {m}")
     if program.differentiable:
         _check_gradients(fn, inputs, tol)
+
+
+def _unless_thunders_own(fn, inputs) -> None:
+    """A program thunder 0.2.6 fails with its own executors too (log_softmax over a dim of no
+    elements: its logsumexp's amax refuses it while tracing) is not ours to judge: drawn
+    again (each such failure also has a strict xfail below)."""
+    try:
+        thunder.jit(fn)(*clone_args(inputs))
+    except Exception:  # noqa: BLE001 - any failure of thunder's own
+        assume(False)
 
 
 def _check_gradients(fn, inputs, tol) -> None:
@@ -127,6 +141,11 @@ def test_random_programs_give_eagers_gradients(program):
 @given(attack_programs())
 def test_random_programs_give_eagers_answer_on_cuda_kernels(program):
     check_program(program, "cuda")
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="thunder 0.2.6: log_softmax over a dim of no elements raises")
+def test_thunders_own_log_softmax_over_an_empty_dim():
+    thunder.jit(lambda a: torch.log_softmax(a, 0))(torch.randn(0, 3))
 
 
 @pytest.mark.xfail(strict=True, raises=IndexError, reason="thunder 0.2.6: transpose of a 0-d tensor indexes past its dims")

@@ -32,13 +32,13 @@ from collections.abc import Callable
 
 import thunder.torch as ltorch
 import torch
-from thunder.core import dtypes, utils
+from thunder.core import dtypes, prims, utils
 from thunder.core.prims import get_grad, put_grad
 from thunder.core.proxies import TensorProxy, variableify
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, from_trace, tracectx
 
-from thunder_fuser.ir.from_thunder import CONTIGUOUS
+from thunder_fuser.ir.from_thunder import CONTIGUOUS, MATERIALIZED
 
 
 def _relu(a, inplace=False):
@@ -195,6 +195,36 @@ def _tag_contiguous_results(bsyms) -> None:
         _tag_contiguous_results(b.subsymbols)
 
 
+# torch's binary and ternary elementwise ops: on the CPU their TensorIterator converts an
+# operand of another dtype than the common one by ``.to()`` first (on CUDA the kernel converts
+# as it reads), so the conversion has ``.to()``'s layout (a tensor that is not dense comes
+# out in its suggested memory format: an expanded bf16 plus a permuted fp32 is contiguous)
+PROMOTING_OPS = frozenset((
+    "add", "sub", "mul", "div", "true_divide", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "where",
+    "pow", "atan2", "fmod", "remainder", "lerp", "addcmul", "addcdiv", "copysign", "hypot", "logaddexp",
+))
+
+
+def _tag_materialized_conversions(bsyms) -> None:
+    for b in bsyms:
+        tensors = [a for a in b.flat_proxy_args if isinstance(a, TensorProxy) and a.ndim]
+        if (b.sym.name in PROMOTING_OPS and isinstance(b.output, TensorProxy) and b.output.device.type == "cpu"
+                and len({t.dtype for t in tensors}) > 1):
+            names = {t.name for t in tensors}
+            for c in _conversions(b.subsymbols):
+                if c.args[0].name in names and isinstance(c.output, TensorProxy):
+                    c.output.tags.add(MATERIALIZED)
+        else:
+            _tag_materialized_conversions(b.subsymbols)
+
+
+def _conversions(bsyms):
+    for b in bsyms:
+        if b.sym.id == prims.PrimIDs.CONVERT_ELEMENT_TYPE and isinstance(b.args[0], TensorProxy):
+            yield b
+        yield from _conversions(b.subsymbols)
+
+
 def _applies(bsym: BoundSymbol) -> bool:
     rule = RULES.get(bsym.sym.id)
     return rule is not None and rule[0](bsym)
@@ -236,6 +266,7 @@ def eager_decompositions(trace: TraceCtx) -> TraceCtx:
     none occurs). New intermediates are named in ``trace``'s namespace. The results of
     ``CONTIGUOUS_RESULTS`` are tagged."""
     _tag_contiguous_results(trace.bound_symbols)
+    _tag_materialized_conversions(trace.bound_symbols)
     if not _needs(trace.bound_symbols):
         return trace
     out = from_trace(trace)

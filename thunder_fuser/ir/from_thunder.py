@@ -17,6 +17,7 @@ from thunder.core.symbol import BoundSymbol
 from thunder_fuser.ir.ops import METADATA, SUPPORTED
 
 CONTIGUOUS = "thunder_fuser: contiguous as torch's kernel returns it"  # a proxy tag: ``eager_decompositions``
+MATERIALIZED = "thunder_fuser: an operand's conversion the CPU's TensorIterator makes"  # likewise
 from thunder_fuser.ir.region import Node, Region, Value
 
 
@@ -108,6 +109,7 @@ def build_region(
         outs = tuple(b.value(o) for o in bsym.flat_proxy_outs)
         for o, v in zip(bsym.flat_proxy_outs, outs):
             v.contiguous = CONTIGUOUS in o.tags
+            v.materialized = MATERIALIZED in o.tags
         nodes.append(Node(op_name(bsym), args, kwargs, outs, bsym_text(bsym)))
     _count_booleans(nodes)
     out_values = [b.value(p) for p in outputs]

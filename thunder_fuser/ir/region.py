@@ -32,6 +32,9 @@ class Value:
     # laid out contiguously, as torch's kernel returns it (softmax's result; a reduction's,
     # also when it is rewritten into pointwise ops: ``small_reductions.py``)
     contiguous: bool = False
+    # a conversion of an op's operand to the op's common dtype, which the CPU's TensorIterator
+    # makes by ``.to()`` before the op (a tensor, laid out as ``.to()`` lays it out)
+    materialized: bool = False
 
     @property
     def ndim(self) -> int:

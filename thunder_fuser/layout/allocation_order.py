@@ -169,8 +169,9 @@ def infer_allocation_orders(
     zeros: dict[int, frozenset] = {id(v): input_broadcast.get(v.name, v.broadcast_dims) for v in region.inputs}
     for node in region.nodes:
         operands = node.tensor_inputs()
+        materialized = node.op == "convert_element_type" and operands and node.outputs[0].materialized
         if operands:
-            z = _zero_dims(node, operands, zeros)
+            z = frozenset() if materialized else _zero_dims(node, operands, zeros)
             zeros.update((id(o), z) for o in node.outputs if o.is_tensor)
         for out in node.outputs:
             if not out.is_tensor or id(out) in result:
@@ -188,6 +189,9 @@ def infer_allocation_orders(
                 continue
             if kind_of(node.op) == "reduction" or out.contiguous:  # as torch allocates a reduction's result
                 result[id(out)] = tuple(range(out.ndim))
+                continue
+            if materialized and not _dense(operands[0], zeros, real):  # ``.to()`` of a tensor not dense
+                result[id(out)] = _suggested_format(out, operands, [result.get(id(operands[0]))], real)
                 continue
             # a 0-d operand (thunder's prims take one beside a tensor with dims) orders nothing
             full = [v for v in operands if v.ndim]
@@ -238,8 +242,23 @@ def _view_strides(node: Node, src: Value, strides) -> tuple[int, ...] | None:
     return tuple(v.stride()) if isinstance(v, torch.Tensor) and v._is_view() else None
 
 
+def _dense(v: Value, zeros: dict, real: dict) -> bool:
+    """Is ``v`` non-overlapping and dense (``.to()`` keeps its strides)? A value an op
+    computes is; an input or a view by its strides."""
+    if any(v.shape[d] != 1 for d in zeros.get(id(v), ())):  # broadcast along a dim of more than one
+        return False
+    if id(v) not in real:
+        return True
+    expected = 1  # each dim's stride, innermost first, the extent of the dims inside it
+    for stride, n in sorted((s, n) for s, n in zip(real[id(v)], v.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= n
+    return True
+
+
 def _suggested_format(out: Value, operands: list, operand_orders: list, real: dict) -> tuple[int, ...]:
-    """torch's ``suggest_memory_format`` of its operands (``cat``, ``pad``):
+    """torch's ``suggest_memory_format`` of its operands (``cat``, ``pad``, a CPU ``.to()``):
     channels-last where every operand's is (4-D or 5-D), else contiguous."""
     n = out.ndim
     channels_last = (0, *range(2, n), 1) if n in (4, 5) else None
