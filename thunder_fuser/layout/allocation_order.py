@@ -20,6 +20,7 @@ Orders list dims from outermost to innermost, like ``x.permute(order).is_contigu
 from __future__ import annotations
 
 import torch
+from torch._prims_common import are_strides_like_channels_last_or_false, is_non_overlapping_and_dense_or_false
 
 from thunder_fuser.ir.ops import kind_of
 from thunder_fuser.ir.region import Node, Region, Value
@@ -247,14 +248,12 @@ def _dense(v: Value, zeros: dict, real: dict) -> bool:
     computes is; an input or a view by its strides."""
     if any(v.shape[d] != 1 for d in zeros.get(id(v), ())):  # broadcast along a dim of more than one
         return False
-    if id(v) not in real:
-        return True
-    expected = 1  # each dim's stride, innermost first, the extent of the dims inside it
-    for stride, n in sorted((s, n) for s, n in zip(real[id(v)], v.shape) if n != 1):
-        if stride != expected:
-            return False
-        expected *= n
-    return True
+    return id(v) not in real or is_non_overlapping_and_dense_or_false(_meta(v.shape, real[id(v)]))
+
+
+def _meta(shape, strides) -> torch.Tensor:
+    """A meta tensor at these strides, for torch's own predicates over a tensor's strides."""
+    return torch.empty_strided(shape, strides, device="meta")
 
 
 def _suggested_format(out: Value, operands: list, operand_orders: list, real: dict) -> tuple[int, ...]:
@@ -271,20 +270,10 @@ def _suggested_format(out: Value, operands: list, operand_orders: list, real: di
 
 
 def _channels_last_strides(shape, strides) -> bool:
-    """c10's ``is_channels_last_strides_2d``/``_3d`` (what ``suggest_memory_format`` reads): the
-    dims C, then W(, D)... H, then N, each stride at least the last one times its extent, a
-    size-1 dim placed by its stride; [1, 5, 5, 1] at strides (25, 1, 5, 5) is channels-last,
+    """c10's ``is_channels_last_strides_2d``/``_3d`` (what ``suggest_memory_format`` reads): a
+    size-1 dim counts by its stride, so [1, 5, 5, 1] at strides (25, 1, 5, 5) is channels-last,
     which comparing permutations missed (found by the random programs)."""
-    if len(shape) not in (4, 5) or strides[1] == 0:
-        return False
-    least = 0
-    for d in (1, 3, 2, 0) if len(shape) == 4 else (1, 4, 3, 2, 0):
-        if shape[d] == 0 or strides[d] < least:
-            return False
-        if d == 0 and least == strides[1]:
-            return False
-        least = strides[d] * (shape[d] if shape[d] > 1 else 1)
-    return True
+    return len(shape) in (4, 5) and are_strides_like_channels_last_or_false(tuple(shape), tuple(strides))
 
 
 def _strides(v: Value, order: tuple[int, ...], zeros: dict[int, frozenset], real: dict) -> tuple[int, ...]:
@@ -321,24 +310,14 @@ def _fast_setup(shape, operand_strides) -> tuple[int, ...] | None:
     n = len(shape)
     if not operand_strides or any(s == 0 and e != 1 for st in operand_strides for s, e in zip(st, shape)):
         return None
-    if all(_dense_in(shape, st, range(n - 1, -1, -1)) for st in operand_strides):
+    metas = [_meta(shape, st) for st in operand_strides]
+    if all(m.is_contiguous() for m in metas):
         return tuple(range(n))
     if n in (4, 5):
-        inner_first = (1, 3, 2, 0) if n == 4 else (1, 4, 3, 2, 0)
-        if all(_dense_in(shape, st, inner_first) for st in operand_strides):
+        fmt = torch.channels_last if n == 4 else torch.channels_last_3d
+        if all(m.is_contiguous(memory_format=fmt) for m in metas):
             return (0, *range(2, n), 1)
     return None
-
-
-def _dense_in(shape, strides, inner_first) -> bool:
-    """Are ``strides`` dense with the dims ``inner_first`` innermost first (size-1 dims aside)?"""
-    expected = 1
-    for d in inner_first:
-        if shape[d] != 1:
-            if strides[d] != expected:
-                return False
-            expected *= shape[d]
-    return True
 
 
 def eager_order(shape, operand_strides: list[tuple[int, ...]], fast: bool = True) -> tuple[int, ...]:
