@@ -320,13 +320,28 @@ def test_the_gradient_of_a_value_broadcast_twice_from_0d_keeps_its_shape(backend
     ("an expanded bf16 plus a permuted fp32 (the CPU converts the bf16 by .to() first)",
      lambda c, a: torch.tanh(c + a),
      lambda: (torch.randn(1, 1, 1, 2).to(torch.bfloat16).expand(2, 1, 1, 2), torch.randn(2, 1, 1, 2).permute(3, 2, 1, 0))),
+    ("a strided bf16 broadcast and times a permuted fp32 (converted as read, or on the CPU before the broadcast)",
+     lambda c, a: torch.sigmoid(c * a).to(torch.bfloat16),
+     lambda: (torch.randn(2, 1, 1, 2).to(torch.bfloat16)[..., ::2], torch.randn(1, 1, 3, 2).permute(3, 2, 1, 0))),
+    ("a strided bf16 plus a permuted fp32 at batch 1",
+     lambda c, a: torch.tanh(c + a),
+     lambda: (torch.randn(2, 1, 1, 2).to(torch.bfloat16)[..., ::2], torch.randn(1, 2, 1, 2).permute(3, 2, 1, 0))),
+    ("a value written over a permuted input, read before its next write (the first write elided)",
+     lambda a, b: (b.copy_(a), torch.tanh(b), b.add_(a))[1],
+     lambda: (torch.randn(1, 2).expand(2, 2), torch.randn(2, 2).to(torch.bfloat16).permute(1, 0))),
+    ("a program's .to() of an expanded tensor: a dense copy",
+     lambda c, a: c.expand(2, 3, 1, 1).to(torch.float32) * a,
+     lambda: (torch.randn(2, 1, 1, 2).to(torch.bfloat16)[..., ::2], torch.randn(1, 1, 3, 2).permute(3, 2, 1, 0))),
 ], ids=lambda c: c[0])
 def test_strides_as_tensoriterator_reads_size_1_dims(backend, case):
     """TensorIterator reads a size-1 dim's stride as it is, lays out an op of operands all
     contiguous (size-1 dims aside) contiguously unless a number is among them, and cat
     reads channels-last from strides; on the CPU an operand of another dtype than the op's
-    is converted by ``.to()`` before the op (``eager_decompositions.PROMOTING_OPS``): these
-    outputs' strides differed from eager's (found by the thorough random programs)."""
+    is converted by ``.to()`` before the op and before its broadcast
+    (``eager_decompositions.PROMOTING_OPS``), on CUDA as the kernel reads it, at its own
+    strides; a program's ``.to()`` is a dense copy; a value whose write into a tensor is
+    elided is read as that tensor (``Value.laid_out_as``): these outputs' strides differed from
+    eager's (found by the thorough random programs and on the H200)."""
     _, f, make = case
     args = make()
     _, got = check_vs_eager(f, *args)

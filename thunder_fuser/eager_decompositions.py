@@ -38,7 +38,7 @@ from thunder.core.proxies import TensorProxy, variableify
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, from_trace, tracectx
 
-from thunder_fuser.ir.from_thunder import CONTIGUOUS, MATERIALIZED
+from thunder_fuser.ir.from_thunder import CONTIGUOUS, CONVERSION_OPS, MATERIALIZED, MATERIALIZED_FIRST
 
 
 def _relu(a, inplace=False):
@@ -196,9 +196,9 @@ def _tag_contiguous_results(bsyms) -> None:
 
 
 # torch's binary and ternary elementwise ops: on the CPU their TensorIterator converts an
-# operand of another dtype than the common one by ``.to()`` first (on CUDA the kernel converts
-# as it reads), so the conversion has ``.to()``'s layout (a tensor that is not dense comes
-# out in its suggested memory format: an expanded bf16 plus a permuted fp32 is contiguous)
+# operand of another dtype than the common one by ``.to()`` first, before it broadcasts it (on
+# CUDA the kernel converts as it reads), so the conversion has ``.to()``'s layout (a tensor
+# that is not dense comes out dense: an expanded bf16 plus a permuted fp32 is contiguous)
 PROMOTING_OPS = frozenset((
     "add", "sub", "mul", "div", "true_divide", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "where",
     "pow", "atan2", "fmod", "remainder", "lerp", "addcmul", "addcdiv", "copysign", "hypot", "logaddexp",
@@ -206,23 +206,42 @@ PROMOTING_OPS = frozenset((
 
 
 def _tag_materialized_conversions(bsyms) -> None:
+    """Tag the conversions torch makes as a tensor of its own, by ``.to()``: a program's
+    ``x.to(dtype)`` (``x.float()``, ...) and, on the CPU, a mixed-dtype op's operand
+    conversions (of the operand or of thunder's broadcast of it: torch converts first).
+    Any other conversion (a 16-bit op's upcast, a CUDA kernel's) torch makes as it reads."""
     for b in bsyms:
         tensors = [a for a in b.flat_proxy_args if isinstance(a, TensorProxy) and a.ndim]
-        if (b.sym.name in PROMOTING_OPS and isinstance(b.output, TensorProxy) and b.output.device.type == "cpu"
+        name = b.sym.name.rsplit(".", 1)[-1]
+        if name in CONVERSION_OPS and isinstance(b.output, TensorProxy):
+            _tag_conversions_of(b.subsymbols, {t.name for t in tensors}, set())
+        elif (name in PROMOTING_OPS and isinstance(b.output, TensorProxy) and b.output.device.type == "cpu"
                 and len({t.dtype for t in tensors}) > 1):
-            names = {t.name for t in tensors}
-            for c in _conversions(b.subsymbols):
-                if c.args[0].name in names and isinstance(c.output, TensorProxy):
-                    c.output.tags.add(MATERIALIZED)
+            _tag_conversions_of(b.subsymbols, {t.name for t in tensors}, set())
         else:
             _tag_materialized_conversions(b.subsymbols)
 
 
-def _conversions(bsyms):
+def _tag_conversions_of(bsyms, names: set[str], broadcasts: set[str]) -> None:
+    """Tag the conversions of ``names`` in ``bsyms`` (at any depth), and of ``bsyms``' own
+    broadcasts of them (``broadcasts``), which torch converts first."""
+    for b in _flat(bsyms):
+        a = b.args[0] if b.args else None
+        if not (isinstance(a, TensorProxy) and a.name in names | broadcasts and isinstance(b.output, TensorProxy)):
+            continue
+        if b.sym.id == prims.PrimIDs.CONVERT_ELEMENT_TYPE:
+            b.output.tags.add(MATERIALIZED_FIRST if a.name in broadcasts else MATERIALIZED)
+        elif b.sym.id == prims.PrimIDs.BROADCAST_IN_DIM:
+            broadcasts.add(b.output.name)
+
+
+def _flat(bsyms):
+    """``bsyms``' prims in order, their subsymbols' in place of any that has some."""
     for b in bsyms:
-        if b.sym.id == prims.PrimIDs.CONVERT_ELEMENT_TYPE and isinstance(b.args[0], TensorProxy):
+        if b.subsymbols:
+            yield from _flat(b.subsymbols)
+        else:
             yield b
-        yield from _conversions(b.subsymbols)
 
 
 def _applies(bsym: BoundSymbol) -> bool:

@@ -55,6 +55,7 @@ def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
         elif id(root) in inputs or _seen_other_than_through(o, i, root, nodes, roots, memory_reads, region.outputs):
             continue  # not a temporary, or its memory read after the write other than as o
         subst[id(o)] = w.args[0]
+        w.args[0].laid_out_as = dst  # its only reader was this write: o's readers read it as dst's memory
         drop.add(i)
         region.notes.append(f"{o.name}: write into {dst.name} elided (overwritten or invisible before any read)")
     if not drop:

@@ -17,7 +17,8 @@ from thunder.core.symbol import BoundSymbol
 from thunder_fuser.ir.ops import METADATA, SUPPORTED
 
 CONTIGUOUS = "thunder_fuser: contiguous as torch's kernel returns it"  # a proxy tag: ``eager_decompositions``
-MATERIALIZED = "thunder_fuser: an operand's conversion the CPU's TensorIterator makes"  # likewise
+MATERIALIZED = "thunder_fuser: a conversion torch makes by .to(), a tensor of its own"  # likewise
+MATERIALIZED_FIRST = "thunder_fuser: a conversion torch makes by .to() before thunder's broadcast"  # likewise
 from thunder_fuser.ir.region import Node, Region, Value
 
 
@@ -25,15 +26,15 @@ def op_name(bsym: BoundSymbol) -> str:
     return bsym.sym.name
 
 
-# conversions that thunder records without a decomposition when they change nothing
-# (``x.half()`` of a half tensor): torch returns the input itself
-_IDENTITY_CONVERSIONS = ("to", "type", "type_as", "half", "float", "double", "bfloat16", "int", "long", "bool")
+# torch's conversions (``x.to(dtype)``): thunder records one without a decomposition when it
+# changes nothing (``x.half()`` of a half tensor), and torch returns the input itself
+CONVERSION_OPS = ("to", "type", "type_as", "half", "float", "double", "bfloat16", "int", "long", "bool")
 
 
 def as_identity(bsym: BoundSymbol) -> BoundSymbol | None:
     """``prims.shallow_copy`` standing for a conversion to the dtype a tensor already has."""
     out = bsym.output
-    if bsym.subsymbols or bsym.sym.name.rsplit(".", 1)[-1] not in _IDENTITY_CONVERSIONS or not isinstance(out, TensorProxy):
+    if bsym.subsymbols or bsym.sym.name.rsplit(".", 1)[-1] not in CONVERSION_OPS or not isinstance(out, TensorProxy):
         return None
     src = bsym.args[0] if bsym.args else None
     if isinstance(src, TensorProxy) and (src.shape, src.dtype, src.device) == (out.shape, out.dtype, out.device):
@@ -109,7 +110,8 @@ def build_region(
         outs = tuple(b.value(o) for o in bsym.flat_proxy_outs)
         for o, v in zip(bsym.flat_proxy_outs, outs):
             v.contiguous = CONTIGUOUS in o.tags
-            v.materialized = MATERIALIZED in o.tags
+            v.materialized = MATERIALIZED in o.tags or MATERIALIZED_FIRST in o.tags
+            v.converted_first = MATERIALIZED_FIRST in o.tags
         nodes.append(Node(op_name(bsym), args, kwargs, outs, bsym_text(bsym)))
     _count_booleans(nodes)
     out_values = [b.value(p) for p in outputs]

@@ -32,9 +32,15 @@ class Value:
     # laid out contiguously, as torch's kernel returns it (softmax's result; a reduction's,
     # also when it is rewritten into pointwise ops: ``small_reductions.py``)
     contiguous: bool = False
-    # a conversion of an op's operand to the op's common dtype, which the CPU's TensorIterator
-    # makes by ``.to()`` before the op (a tensor, laid out as ``.to()`` lays it out)
+    # a conversion torch makes by ``.to()`` (a tensor, laid out as ``.to()`` lays it out): a
+    # program's ``x.to(dtype)``, or an op's operand's conversion to the op's common dtype, which
+    # the CPU's TensorIterator makes before the op; ``converted_first``: the conversion of
+    # thunder's broadcast of the operand, where torch converts the operand, then broadcasts it
     materialized: bool = False
+    converted_first: bool = False
+    # the tensor whose memory this value stands for, where a write of it into that tensor was
+    # elided (``functionalize/superseded.py``): eager's later reads see that tensor's strides
+    laid_out_as: Value | None = None
 
     @property
     def ndim(self) -> int:

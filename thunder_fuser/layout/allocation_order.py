@@ -20,7 +20,7 @@ Orders list dims from outermost to innermost, like ``x.permute(order).is_contigu
 from __future__ import annotations
 
 import torch
-from torch._prims_common import are_strides_like_channels_last_or_false, is_non_overlapping_and_dense_or_false
+from torch._prims_common import are_strides_like_channels_last_or_false
 
 from thunder_fuser.ir.ops import kind_of
 from thunder_fuser.ir.region import Node, Region, Value
@@ -168,14 +168,22 @@ def infer_allocation_orders(
         if v.is_tensor:
             result[id(v)] = input_orders.get(v.name, tuple(range(v.ndim)))
     zeros: dict[int, frozenset] = {id(v): input_broadcast.get(v.name, v.broadcast_dims) for v in region.inputs}
+    producers: dict[int, Node] = {}
     for node in region.nodes:
         operands = node.tensor_inputs()
-        materialized = node.op == "convert_element_type" and operands and node.outputs[0].materialized
         if operands:
-            z = frozenset() if materialized else _zero_dims(node, operands, zeros)
+            z = _zero_dims(node, operands, zeros)
             zeros.update((id(o), z) for o in node.outputs if o.is_tensor)
+        producers.update((id(o), node) for o in node.outputs)
         for out in node.outputs:
             if not out.is_tensor or id(out) in result:
+                continue
+            if out.laid_out_as is not None and id(out.laid_out_as) in result:  # an elided write's value
+                dst = out.laid_out_as
+                result[id(out)] = result[id(dst)]
+                zeros[id(out)] = zeros.get(id(dst), frozenset())
+                if id(dst) in real:
+                    real[id(out)] = real[id(dst)]
                 continue
             if node.op in ("copy_", "copy_to_out_"):
                 dst = node.written
@@ -191,8 +199,11 @@ def infer_allocation_orders(
             if kind_of(node.op) == "reduction" or out.contiguous:  # as torch allocates a reduction's result
                 result[id(out)] = tuple(range(out.ndim))
                 continue
-            if materialized and not _dense(operands[0], zeros, real):  # ``.to()`` of a tensor not dense
-                result[id(out)] = _suggested_format(out, operands, [result.get(id(operands[0]))], real)
+            if node.op == "convert_element_type" and operands:
+                strides = _converted_strides(node, operands[0], result, zeros, real, producers)
+                real[id(out)] = strides
+                zeros[id(out)] = frozenset(d for d, (s, e) in enumerate(zip(strides, out.shape)) if s == 0 and e != 1)
+                result[id(out)] = eager_order(out.shape, [strides])
                 continue
             # a 0-d operand (thunder's prims take one beside a tensor with dims) orders nothing
             full = [v for v in operands if v.ndim]
@@ -243,12 +254,30 @@ def _view_strides(node: Node, src: Value, strides) -> tuple[int, ...] | None:
     return tuple(v.stride()) if isinstance(v, torch.Tensor) and v._is_view() else None
 
 
-def _dense(v: Value, zeros: dict, real: dict) -> bool:
-    """Is ``v`` non-overlapping and dense (``.to()`` keeps its strides)? A value an op
-    computes is; an input or a view by its strides."""
-    if any(v.shape[d] != 1 for d in zeros.get(id(v), ())):  # broadcast along a dim of more than one
-        return False
-    return id(v) not in real or is_non_overlapping_and_dense_or_false(_meta(v.shape, real[id(v)]))
+def _converted_strides(node: Node, src: Value, result: dict, zeros: dict, real: dict, producers: dict) -> tuple[int, ...]:
+    """The strides torch gives conversion ``node`` of ``src``: ``src``'s own, as the kernel of
+    the op it feeds reads it, where torch converts as it reads (no tensor of its own, a
+    broadcast's zero strides kept); where torch makes it by ``.to()`` (``Value.materialized``),
+    ``.to()``'s copy, dense, made before the broadcast thunder put first where torch converts
+    first (``Value.converted_first``: the CPU's TensorIterator converts an operand, then
+    broadcasts it)."""
+    read = _strides(src, result.get(id(src), tuple(range(src.ndim))), zeros, real)
+    if not node.outputs[0].materialized:
+        return read
+    p = producers.get(id(src))
+    if node.outputs[0].converted_first and p is not None and p.op == "broadcast_in_dim" and p.tensor_inputs():
+        x = p.tensor_inputs()[0]
+        copied = _to_copy(x.shape, _strides(x, result.get(id(x), tuple(range(x.ndim))), zeros, real))
+        viewed = _view_strides(p, x, copied)
+        if viewed is not None:
+            return viewed
+    return _to_copy(src.shape, read)
+
+
+def _to_copy(shape, strides) -> tuple[int, ...]:
+    """The strides of ``.to()``'s copy of a tensor at ``strides`` (its own where it is dense,
+    else dense in their order), as torch computes them."""
+    return tuple(_meta(shape, strides).to(torch.float64).stride())
 
 
 def _meta(shape, strides) -> torch.Tensor:
@@ -291,8 +320,8 @@ def _strides(v: Value, order: tuple[int, ...], zeros: dict[int, frozenset], real
 def _zero_dims(node: Node, operands: list[Value], zeros: dict[int, frozenset]) -> frozenset:
     """The broadcast (stride-0) dims of ``node``'s output: for a view, its new dims and those it reads
     only from its operand's broadcast dims; for a conversion, its operand's (thunder's type
-    promotion converts a broadcast operand inside the op, which torch never materializes);
-    none for any other computed value (torch allocates it dense)."""
+    promotion converts a broadcast operand inside the op; ``_converted_strides`` tells where
+    torch makes a copy); none for any other computed value (torch allocates it dense)."""
     src = operands[0]
     if node.op == "convert_element_type":
         return zeros.get(id(src), frozenset())
