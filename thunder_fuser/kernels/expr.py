@@ -344,12 +344,13 @@ def unmerged(prog: Program, loads: list) -> Program | None:
     ``[b, s, h * e]``) computes over ``[b, g, r, s, e]`` (``[b, s, g, e]``) instead. Every
     other operand, and every store, is viewed over that domain by splitting dims, which any
     strides allow, so the kernel writes the copy torch would make, fused with the ops before
-    it. None where the loads disagree on the domain or the program cannot take it (selects,
-    shifted loads, rows)."""
-    if prog.family != "pointwise" or prog.select_dims or prog.reduced or any(ld.shifts for ld in prog.loads) or any(
-            st.domain for st in prog.stores):
+    it. A cat or pad (selects, shifted loads) along a dim the merge leaves whole moves to
+    that dim's place in the new domain (RoPE's ``k``, a cat, expanded so: a whole step of
+    litgpt's Llama ran on torch through ThunderFX). None where the loads disagree on the
+    domain or the program cannot take it (a select along a merged dim, rows)."""
+    if prog.family != "pointwise" or prog.reduced or any(st.domain for st in prog.stores):
         return None
-    table, domains = {}, set()
+    table, domains, maps = {}, set(), set()
     for ld in loads:
         all_views, i, groups = trailing_merge(ld)
         merge = all_views[i]
@@ -359,20 +360,43 @@ def unmerged(prog: Program, loads: list) -> Program | None:
         # the domain's dims, each split into the dims its reshape dim merged
         order = [d for p in perm for d in groups[p]]
         before = tuple(merge.args[0].shape)
-        domain = tuple(before[d] for d in order)
+        domain = [before[d] for d in order]
+        place = {d: k for k, d in enumerate(order)}
+        new_dims = tuple(tuple(place[d] for d in groups[p]) for p in perm)  # per old dim: its new dims
+        for d, _ in ld.shifts:  # a piece of a cat spans its own extent there, the domain the whole
+            if len(new_dims[d]) != 1:
+                return None
+            domain[new_dims[d][0]] = prog.domain[d]
+        domain = tuple(domain)
+        maps.add(new_dims)
         views = all_views[:i]
         if order != sorted(order):
             out = Value(f"{ld.source.name}_unmerged", domain, ld.source.dtype)
             views += (Node("transpose", (merge.args[0], tuple(order)), {}, (out,)),)
         table[id(ld)] = Load(ld.source, views, ld.shifts, ld.row)
         domains.add(domain)
-    if len(domains) != 1:
+    if len(domains) != 1 or len(maps) != 1:
         return None
-    domain = domains.pop()
+    domain, new_dims = domains.pop(), maps.pop()
     if _numel(domain) != _numel(prog.domain):
         return None
-    swap = _substitution(table, "a merge is undone")
-    out = Program(prog.family, domain, (), [replace(st, expr=swap(st.expr)) for st in prog.stores])
+    whole = {j: dims[0] for j, dims in enumerate(new_dims) if len(dims) == 1}  # old dim -> new, unsplit
+    if any(d not in whole for d in prog.select_dims):
+        return None
+    for ld in prog.loads:
+        if ld.shifts and any(d not in whole for d, _ in ld.shifts):
+            return None
+        if id(ld) not in table and ld.shifts:  # a piece of a cat: split like the domain, but its shifted dims
+            shape = tuple(ld.views[-1].outputs[0].shape if ld.views else ld.source.shape)
+            split = tuple(e for j, dims in enumerate(new_dims)
+                          for e in ((shape[j],) if j in whole else (domain[k] for k in dims)))
+            out = Value(f"{ld.source.name}_split", split, ld.source.dtype)
+            last = ld.views[-1].outputs[0] if ld.views else ld.source
+            table[id(ld)] = Load(ld.source, ld.views + (Node("reshape", (last, split), {}, (out,)),), ld.shifts, ld.row)
+    table = {k: replace(ld, shifts=tuple(sorted((whole[d], at) for d, at in ld.shifts))) for k, ld in table.items()}
+    swap = _substitution(table, "a merge is undone", dims=whole)
+    out = Program(prog.family, domain, (), [replace(st, expr=swap(st.expr)) for st in prog.stores],
+                  select_dims=tuple(sorted(whole[d] for d in prog.select_dims)))
     _collect_loads(out)
     return out
 
@@ -499,9 +523,10 @@ def _read_back(prog: Program, reductions: list):
     return stored, _substitution(temps, "reductions are read back")
 
 
-def _substitution(table: dict, where: str):
+def _substitution(table: dict, where: str, dims: dict[int, int] | None = None):
     """``swap(expr)``: the expression with each subexpression whose id is in ``table``
-    replaced by its entry (shared subexpressions stay shared)."""
+    replaced by its entry (shared subexpressions stay shared); ``dims``: a select's dim
+    renumbered so (a program over another domain, ``unmerged``)."""
     memo: dict[int, object] = {}
 
     def swap(e):
@@ -516,6 +541,8 @@ def _substitution(table: dict, where: str):
                 memo[id(e)] = replace(e, arg=swap(e.arg))
             elif isinstance(e, Op):
                 memo[id(e)] = Op(e.op, tuple(swap(a) for a in e.args), e.dtype)
+            elif isinstance(e, Select) and dims is not None:
+                memo[id(e)] = replace(e, pieces=tuple(swap(p) for p in e.pieces), dim=dims[e.dim])
             else:
                 raise Unsupported(f"a {type(e).__name__.lower()} where {where}")
         return memo[id(e)]
@@ -940,7 +967,8 @@ class _Lowering:
             if isinstance(x, Load) and all(dim == d for dim, _ in x.shifts):
                 shape = after[:new] + (extent,) + after[new + 1:]
                 out = Value(f"{x.source.name}_piece", shape, x.source.dtype)
-                return Load(x.source, x.views + (Node("reshape", (x.source, shape), {}, (out,)),),
+                last = x.views[-1].outputs[0] if x.views else x.source  # the piece as viewed so far
+                return Load(x.source, x.views + (Node("reshape", (last, shape), {}, (out,)),),
                             tuple((new, at) for _, at in x.shifts), x.row)
             raise Unsupported(f"a reshape of a cat/pad along dim {d} whose pieces are cut along another dim")
 
