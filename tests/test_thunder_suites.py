@@ -1,7 +1,11 @@
 """thunder's own test suites, shipped in its wheel, with fuser_ex as the executor under test
 (via ``tests/thunder_suites/fuser_plugin.py``): op consistency for the dtypes of the ops we
 claim, and the in-place suites. Each runs in a subprocess so thunder's test modules see the
-plugin first."""
+plugin first; its output streams through (``-s`` shows thunder's progress as it runs).
+
+Marked ``thunder_suites``: they take longer than the rest of the tests together, so the
+README's test command leaves them out and its second command runs them
+(``python -m pytest tests -m thunder_suites -s -q``); ``.ci/run`` runs both."""
 
 import os
 import subprocess
@@ -10,22 +14,31 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.thunder_suites
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run_thunder_suite(modules: list[str], selection: str, plugin: str = "tests.thunder_suites.fuser_plugin",
                        **env_vars) -> str:
-    cmd = [
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-        "-p", plugin, "--pyargs", *modules,
-        "-k", selection, "-W", "ignore::DeprecationWarning",
-    ]
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env_vars)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
-    tail = "\n".join(proc.stdout.splitlines()[-30:])
-    assert proc.returncode == 0, tail
+    rc, tail = _stream(["--pyargs", *modules, "-k", selection], plugin, **env_vars)
+    assert rc == 0, tail
     assert " passed" in tail
     return tail
+
+
+def _stream(args: list[str], plugin: str = "tests.thunder_suites.fuser_plugin", **env_vars) -> tuple[int, str]:
+    """pytest over thunder's modules in a subprocess, its output printed as it comes: its
+    exit status and its last 30 lines."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", plugin, *args,
+           "-W", "ignore::DeprecationWarning"]
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env_vars)
+    lines = []
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            print(line, end="", flush=True)
+        rc = proc.wait(timeout=3000)
+    return rc, "\n".join(lines[-30:])
 
 
 def test_core_vs_torch_consistency_with_fuser_ex():
@@ -75,13 +88,9 @@ def test_thunder_distributed_suites_with_fuser_ex():
     their test classes needs CUDA, NCCL and two GPUs (``skipUnless``) and places tensors on
     ``cuda:rank``, so on a machine with fewer they all skip; with two GPUs they run here as
     they are. None may fail; ``tests/test_distributed.py`` runs DDP and FSDP on gloo."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.thunder_suites.fuser_plugin",
-           "--pyargs", "thunder.tests.distributed.test_ddp", "thunder.tests.distributed.test_fsdp",
-           "-k", "not transformer_engine", "-W", "ignore::DeprecationWarning", "-rs"]
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
-    tail = "\n".join(proc.stdout.splitlines()[-30:])
-    assert proc.returncode in (0, 5), tail  # 5: every test skipped
+    rc, tail = _stream(["--pyargs", "thunder.tests.distributed.test_ddp", "thunder.tests.distributed.test_fsdp",
+                        "-k", "not transformer_engine", "-rs"])
+    assert rc in (0, 5), tail  # 5: every test skipped
     assert " failed" not in tail and " error" not in tail, tail
     import torch
 

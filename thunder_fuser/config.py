@@ -73,6 +73,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "traces a `thunder.jit` function keeps in thunder's cache (one per input shape, dtype and more; thunder "
             "0.2.6 keeps every one and searches them all at each call), oldest first out; `0`: no bound",
             "when thunder caches a trace", "int"),
+    Setting("THUNDER_FUSER_PATCHES", "all",
+            "the corrections to thunder 0.2.6 applied when thunder_fuser is imported, comma-separated "
+            "(`thunder_fuser/patches/` says what each corrects): `all`, `none`, or names",
+            "when thunder_fuser is imported", "list",
+            ("all", "none", "weak_dtypes", "nll_loss_backward", "scalar_tensor_grads", "trace_cache", "thunderfx_graphs")),
     Setting("CUTE_DSL_ARCH", "",
             "CuTe DSL's own: the GPU architecture kernels compile for (e.g. `sm_90a`; default: the device's, else "
             "an H100's), which also lets a machine without a GPU compile them to PTX", "at each compile", "text"),

@@ -8,19 +8,28 @@ every thunder function in the process (ours or not), and says so in its module d
 | ``nll_loss_backward`` | the loss gradient of logits of 3 or more dims, or of a summed fp32 loss, failed or came back in another shape |
 | ``scalar_tensor_grads`` | the gradient of a 0-d tensor broadcast by an elementwise op was not summed (silently wrong) |
 | ``trace_cache`` | a ``thunder.jit`` function kept every trace it made: bounded by ``THUNDER_FUSER_MAX_TRACES`` |
+| ``thunderfx_graphs`` | ``torch.compile(backend=ThunderCompiler(...))`` failed on every graph on torch 2.6 and later |
+
+``THUNDER_FUSER_PATCHES`` names the patches to apply (default: all of them).
 """
 
 from __future__ import annotations
 
 from thunder_fuser.patches.nll_loss_backward import reshape_to_the_logits
 from thunder_fuser.patches.scalar_tensor_grads import sum_scalar_tensor_grads
+from thunder_fuser import config
+from thunder_fuser.patches.thunderfx_graphs import generate_each_pieces_code
 from thunder_fuser.patches.trace_cache import bound_thunders_trace_cache
 from thunder_fuser.patches.weak_dtypes import strengthen_dims_dtypes
 
 PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_to_the_logits,
-           "scalar_tensor_grads": sum_scalar_tensor_grads, "trace_cache": bound_thunders_trace_cache}
+           "scalar_tensor_grads": sum_scalar_tensor_grads, "trace_cache": bound_thunders_trace_cache,
+           "thunderfx_graphs": generate_each_pieces_code}
 
 
 def apply_patches() -> dict[str, bool]:
-    """Apply every patch; which took (a patch that finds thunder not as expected leaves it)."""
-    return {name: patch() for name, patch in PATCHES.items()}
+    """Apply the patches ``THUNDER_FUSER_PATCHES`` names; which took (a patch that finds
+    thunder not as expected leaves it)."""
+    chosen = config.items("THUNDER_FUSER_PATCHES")
+    names = PATCHES if "all" in chosen else [n for n in PATCHES if n in chosen]
+    return {name: PATCHES[name]() for name in names}

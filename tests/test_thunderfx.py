@@ -1,0 +1,83 @@
+"""The ThunderFX path: ``torch.compile(model, backend=ThunderCompiler(executors=...))``, how
+thunder's own benchmark runs models and how it runs what its interpreter cannot trace
+(Dynamo's graph breaks: each piece thunder supports goes to ``thunder.jit``, the rest to
+Inductor). Training steps of zoo models through our executors against eager, with our
+regions in every piece thunder ran and no segment on the reference backend. Without
+``patches/thunderfx_graphs.py`` every graph failed on torch 2.6 and later."""
+
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+
+import thunder_fuser
+from benchmarks.model_zoo import batch, build
+from helpers import plans
+
+pytest.importorskip("litgpt")
+pytest.importorskip("transformers")
+ThunderCompiler = pytest.importorskip("thunder.dynamo").ThunderCompiler
+
+
+def _compiled(module):
+    torch._dynamo.reset()
+    backend = ThunderCompiler(executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
+    return torch.compile(module, backend=backend), backend
+
+
+def _thunder_functions(backend) -> list:
+    return [f for info in backend.subgraph_infos for f in info.thunder_compiled_fns]
+
+
+def _assert_ours_ran_every_piece(backend) -> None:
+    fns = _thunder_functions(backend)
+    assert fns, "thunder ran no piece of the graph"
+    for f in fns:
+        forward = thunder.last_traces(f)[-1]
+        assert plans(forward), f"no region of ours in a piece thunder ran:\n{forward}"
+        for trace in (forward, *thunder.last_backward_traces(f)[-1:]):
+            assert all(not p.fallbacks for p in plans(trace)), [p.fallbacks for p in plans(trace)]
+
+
+@pytest.mark.parametrize("name", ["Llama-3.2-1B", "hf-Qwen2"])
+def test_a_thunderfx_training_step_matches_eager(name, torch_kernels):
+    """Two steps (the second runs each region's generated code): the loss and every gradient
+    as eager's."""
+    ours, ref = build(name, tiny=True), build(name, tiny=True, seed=1)
+    ref.module.load_state_dict(ours.module.state_dict())
+    idx, targets = batch(ours, 2, 32)
+    want = ref.module(idx, targets)
+    want.backward()
+    step, backend = _compiled(ours.module)
+    for _ in range(2):
+        for p in ours.module.parameters():
+            p.grad = None
+        loss = step(idx, targets)
+        loss.backward()
+        torch.testing.assert_close(loss, want, atol=1e-5, rtol=1e-5)
+        for (pname, p), q in zip(ours.module.named_parameters(), ref.module.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=lambda m: f"{pname}: {m}")
+    _assert_ours_ran_every_piece(backend)
+
+
+def test_a_graph_break_splits_the_step_and_each_piece_runs_ours(torch_kernels):
+    """A data-dependent branch breaks Dynamo's graph: both pieces go to thunder.jit, and the
+    gradient flows through the break as eager's."""
+
+    def f(x, w):
+        h = F.gelu(x @ w)
+        if h.sum() > 0:  # a graph break
+            return (h * 2.0).softmax(-1).sum()
+        return (h - 1.0).softmax(-1).sum()
+
+    x, w = torch.randn(8, 16), torch.randn(16, 32)
+    compiled, backend = _compiled(f)
+    results = []
+    for fn in (f, compiled):
+        ww = w.clone().requires_grad_()
+        out = fn(x, ww)
+        out.backward()
+        results.append((out, ww.grad))
+    torch.testing.assert_close(results[1], results[0], atol=1e-5, rtol=1e-5)
+    assert len(backend.subgraph_infos) == 2
+    _assert_ours_ran_every_piece(backend)
