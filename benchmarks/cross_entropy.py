@@ -18,7 +18,6 @@ every thunder contender pays per step, so no thunder loss step can be faster. Wr
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -31,6 +30,7 @@ import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
 import thunder
 from thunder.executors.torch_compile import torch_compile_ex
 
+from benchmarks import cli
 from benchmarks.run import copy_bandwidth
 from thunder_fuser import fuser_ex
 
@@ -134,10 +134,11 @@ def _time(fn, x, t) -> tuple[float, float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
+    ap = cli.parser("benchmarks.cross_entropy", __doc__)
+    ap.add_argument("--out", default="benchmarks/results", help="folder for the results")
     ap.add_argument("--profile", action="store_true", help="print each contender's kernels per step instead")
     args = ap.parse_args(argv)
+    cli.require_cuda("benchmarks.cross_entropy")
     if args.profile:
         return profile()
     copy = copy_bandwidth()  # the suite's reference copy, measured in this run

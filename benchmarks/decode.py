@@ -21,7 +21,6 @@ a table last.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -30,6 +29,7 @@ import traceback
 
 import torch
 
+from benchmarks import cli
 from benchmarks.contenders import run_label, wrap  # imports thunder_fuser before thunder (torch compat stubs)
 from benchmarks.model_zoo import HF, hf_causal_lm
 
@@ -162,12 +162,13 @@ class _Contender:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--model", default="Llama-3.2-1B")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap = cli.parser("benchmarks.decode", __doc__, epilog=f"contenders: {', '.join(CONTENDERS)}\n"
+                    "Without a CUDA GPU the models run in fp32 on the CPU (a smoke test).")
+    ap.add_argument("--out", default="benchmarks/results", help="folder for decode.json")
+    ap.add_argument("--model", default="Llama-3.2-1B", help="the model, by its litgpt or transformers name")
+    ap.add_argument("--layers", type=int, default=4, help="transformer layers")
+    ap.add_argument("--steps", type=int, default=200, help="timed decode steps per contender, in turns")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated contender names (below)")
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)

@@ -16,7 +16,6 @@ is "hidden". A one-process run of thunder + fuser gives the scaling. Writes
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -25,6 +24,8 @@ import time
 import traceback
 
 import torch
+
+from benchmarks import cli
 
 CONTENDERS = ("thunder+fuser zero2", "thunder+fuser zero3", "thunder+torchcompile zero3", "torch.compile + FSDP2")
 
@@ -142,13 +143,14 @@ def _launch(world: int, a) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--model", default="pythia-410m")
-    ap.add_argument("--layers", type=int, default=2)
+    ap = cli.parser("benchmarks.distributed", __doc__, epilog=f"contenders: {', '.join(CONTENDERS)}\n"
+                    "Without a CUDA GPU two CPU processes step over gloo (a smoke test).")
+    ap.add_argument("--out", default="benchmarks/results", help="folder for distributed.json")
+    ap.add_argument("--model", default="pythia-410m", help="the litgpt model")
+    ap.add_argument("--layers", type=int, default=2, help="transformer layers")
     ap.add_argument("--batch", type=int, default=2, help="rows per rank")
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--seq", type=int, default=1024, help="tokens per row")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per contender")
     a = ap.parse_args(argv)
     world = torch.cuda.device_count() if torch.cuda.is_available() else 2
     doc = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (gloo: a smoke test)",

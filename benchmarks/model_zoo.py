@@ -32,6 +32,7 @@ MORE = MORE_LITGPT + MORE_HF
 TINY_LITGPT = dict(n_embd=64, n_head=4, intermediate_size=128, padded_vocab_size=512, vocab_size=500, block_size=64,
                    head_size=16)
 TINY_GROUPS = {"Llama-3.2-1B": 2, "pythia-410m": 4, "gemma-2b": 2, "phi-2": 4}
+TINY_MAX_SEQ = TINY_LITGPT["block_size"]  # the longest sequence every tiny model takes
 TINY_HF = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                max_position_embeddings=128)
 # Hugging Face models at Llama-3.2-1B's and Qwen2-0.5B's sizes

@@ -38,7 +38,6 @@ every model's first calls meet cold caches. Each run writes ``models-<model>.jso
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -56,7 +55,8 @@ import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
 import thunder
 
 from benchmarks.contenders import run_label, wrap
-from benchmarks.model_zoo import MODELS, batch, build
+from benchmarks import cli
+from benchmarks.model_zoo import MORE, MODELS, TINY_MAX_SEQ, batch, build
 from thunder_fuser.runtime import region_graphs
 
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
@@ -420,22 +420,28 @@ def _device() -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--contenders", default=",".join(CONTENDERS))
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=1024)
+    ap = cli.parser("benchmarks.models", __doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1], epilog=(
+        f"models: {', '.join(MODELS)} (also stepped by the tests: {', '.join(MORE)})\n"
+        f"contenders: {', '.join(CONTENDERS)}\n"
+        "On a machine without a CUDA GPU every run is --tiny: the models at a few thousand parameters in fp32."))
+    ap.add_argument("--out", default="benchmarks/results", help="folder for models-<model>.json")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated model names (below)")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated contender names (below)")
+    ap.add_argument("--layers", type=int, default=2, help="transformer layers per model")
+    ap.add_argument("--batch", type=int, default=2, help="sequences per step")
+    ap.add_argument("--seq", type=int, default=1024, help=f"tokens per sequence (--tiny: at most {TINY_MAX_SEQ})")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per contender, in turns (ROUNDS)")
     ap.add_argument("--tiny", action="store_true", help="tiny configs (the CPU smoke test)")
     ap.add_argument("--one-process", action="store_true",
-                    help="all models in this process (default: a process of its own for each of several models)")
+                    help="all models in this process (else a process of its own for each of several models)")
     ap.add_argument("--warm-first-call", metavar="MODEL", help="(internal) print the first call of MODEL in this process")
     ap.add_argument("--warm-contender", default="thunder+fuser", help="(internal) the contender --warm-first-call takes")
     ap.add_argument("--merge", nargs="*", metavar="DIR", help="join the runs' JSON files into --results")
-    ap.add_argument("--results", default="benchmarks/results")
+    ap.add_argument("--results", default="benchmarks/results", help="folder --merge writes models.json, .md, .png to")
     a = ap.parse_args(argv)
+    a.tiny = a.tiny or not torch.cuda.is_available()
+    if a.tiny:
+        a.seq = min(a.seq, TINY_MAX_SEQ)
     if a.merge is not None:
         from benchmarks.models_report import merge
 

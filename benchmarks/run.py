@@ -11,7 +11,6 @@ the reason, never dropped. Writes ``latest.json``, ``results.csv``, ``results.md
 
 from __future__ import annotations
 
-import argparse
 import copy
 import datetime
 import json
@@ -34,7 +33,7 @@ import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
 import thunder
 from thunder.executors.torch_compile import torch_compile_ex
 
-from benchmarks import report
+from benchmarks import cli, report
 from benchmarks.suite import Case, cases, nbytes
 from benchmarks.timing import device_ms, host_us
 from benchmarks.workloads import TransformerBlock
@@ -160,10 +159,11 @@ def _tensors(x):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--only", default="", help="substring of workload names to run")
+    ap = cli.parser("benchmarks.run", __doc__)
+    ap.add_argument("--out", default="benchmarks/results", help="folder for the results and the chart")
+    ap.add_argument("--only", default="", help="substring of workload names to run (all when empty)")
     opts = ap.parse_args(argv)
+    cli.require_cuda("benchmarks.run", "The CPU's smoke test of the models: python -m benchmarks.models --tiny")
     os.makedirs(opts.out, exist_ok=True)
     # a fresh kernel cache: compile_s is a cold compile; report.py measures the warm cache after
     os.environ.setdefault("THUNDER_FUSER_CACHE", tempfile.mkdtemp(prefix="tf-cache-"))

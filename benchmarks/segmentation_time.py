@@ -75,7 +75,10 @@ def time_segmentation(n_ops: int, repeats: int = 3) -> tuple[float, int]:
     return best, n_segments
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    from benchmarks import cli
+
+    cli.parser("benchmarks.segmentation_time", __doc__).parse_args(argv)
     print(f"{'ops':>6} {'segments':>9} {'seconds':>9} {'us/op':>7}")
     for n in (100, 1000, 5000):
         secs, n_seg = time_segmentation(n)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from benchmarks.report import CONTENDERS, SAME_SIZE_COPY_BELOW
 
@@ -52,6 +51,10 @@ def summary(doc, warm) -> str:
 
 
 if __name__ == "__main__":
-    d = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results"
+    from benchmarks import cli
+
+    ap = cli.parser("benchmarks.summary", __doc__)
+    ap.add_argument("results", nargs="?", default="benchmarks/results", help="a run's folder (benchmarks.run --out)")
+    d = ap.parse_args().results
     with open(os.path.join(d, "latest.json")) as f, open(os.path.join(d, "warm_cache.json")) as g:
         print(summary(json.load(f), json.load(g)))

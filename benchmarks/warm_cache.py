@@ -21,7 +21,11 @@ from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import backend, cache
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    from benchmarks import cli
+
+    cli.parser("benchmarks.warm_cache", __doc__).parse_args(argv)
+    cli.require_cuda("benchmarks.warm_cache")
     t0 = time.perf_counter()
     backend.cute_available()  # the process's one-time import of CuTe DSL and TVM-FFI
     out = {"_library_import_s": time.perf_counter() - t0}
