@@ -57,6 +57,46 @@ def test_explain_states_why_the_785_region_splits():
     ) in report
 
 
+def _split_lines_name_their_segments(report: str) -> None:
+    """Every "segment M split from segment N: X ..." line describes N as N prints: its
+    reduction and dims, or its kind."""
+    import re
+
+    regions = re.split(r"^region ", report, flags=re.M)
+    assert any(re.search(r"split from segment", r) for r in regions), report
+    for region in regions:
+        printed = dict(re.findall(r"^  segment (\d+) \[([^\]]+)\]", region, re.M))
+        for n, text in re.findall(r"^  segment \d+ split from segment (\d+): (.*)$", region, re.M):
+            kind = printed[n]
+            reduction = re.match(r"(?:reduction|normalization): (\w+) over dims (\(.*?\))", kind)
+            want = f"{reduction[1]} over {reduction[2]}" if reduction else f"the {kind} ops over"
+            assert text.startswith(want), f"segment {n} prints as [{kind}], its split line says: {text}"
+
+
+def test_explain_names_the_segment_a_split_is_about():
+    """issue 62: the reason a segment opened is found against the first segment it was tried
+    with, which need not be the one before it, and that segment grows or becomes a view
+    segment afterwards: 'segment 2 split from segment 1: sum over (0,)' named segment 0's
+    sum, and 'the pointwise ops over (5, 8)' a segment that prints as a view."""
+    def f(x, y):
+        s = x.sum(0)
+        return y.sum(1), (s * 2).amax(0)
+
+    jfn = thunder.jit(f, executors=[fuser_ex])
+    jfn(torch.randn(4, 6), torch.randn(4, 6))
+    report = explain(jfn)
+    assert "  segment 2 split from segment 0: sum over (0,) and amax over (0,) have different iteration domains" in report
+    _split_lines_name_their_segments(report)
+
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    jfn = thunder.jit(mlp, executors=[fuser_ex])
+    jfn(torch.randn(5, 8)).sum().backward()
+    report = explain(jfn)
+    assert ("  segment 1 split from segment 0: the view ops over (5, 8) and sum over (0,) have different "
+            "iteration domains") in report
+    _split_lines_name_their_segments(report)
+
+
 SOFTMAX = (
     "(t14,) = fuser0(x)\n"
     "# segment 0 [normalization: amax over dims (1,)]  (x) -> (t14)\n"

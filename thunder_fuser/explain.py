@@ -38,9 +38,16 @@ def explain(jfn) -> str:
             )
             for note in region.notes:
                 lines.append(f"  in-place: {note}")
+            live = {id(s) for s in runner.segments}
             for seg in runner.segments:
-                if seg.split_reason:
-                    lines.append(f"  segment {seg.index} split from segment {seg.index - 1}: {seg.split_reason}")
+                if not seg.split_reason:
+                    continue
+                if seg.split_from is None:
+                    lines.append(f"  segment {seg.index} opened: {seg.split_text()}")
+                elif id(seg.split_from) in live:
+                    lines.append(f"  segment {seg.index} split from segment {seg.split_from.index}: {seg.split_text()}")
+                else:  # it launched nothing and was dropped
+                    lines.append(f"  segment {seg.index} split from a segment since dropped: {seg.split_text()}")
             for key, plan in runner.plans.items():
                 changed = {i: k for i, k in plan.kinds.items() if k != runner.segments[i].kind}
                 if changed:

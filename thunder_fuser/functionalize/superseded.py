@@ -57,7 +57,8 @@ def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
         subst[id(o)] = w.args[0]
         w.args[0].laid_out_as = dst  # its only reader was this write: o's readers read it as dst's memory
         drop.add(i)
-        region.notes.append(f"{o.name}: write into {dst.name} elided (overwritten or invisible before any read)")
+        region.notes.append(f"{o.name}: write of {w.args[0].name} into {dst.name} elided (overwritten or invisible "
+                            f"before any read): {o.name}'s readers read {w.args[0].name}")
     if not drop:
         return
     swap = lambda v: subst.get(id(v), v)  # noqa: E731

@@ -39,11 +39,21 @@ class Segment:
     outputs: list[Value] = field(default_factory=list)
     reduced_values: set = field(default_factory=set)
     column_values: set = field(default_factory=set)  # ids of the per-column sums and what only they make
-    split_reason: str | None = None  # why this segment did not join the one before
+    # why this segment did not join the segment ``split_from`` (the first it was tried
+    # against): ``SEG`` in the text stands for that segment, described as it ends up
+    split_reason: str | None = None
+    split_from: Segment | None = None
     reads: set = field(default_factory=set)  # ids of every value its nodes read
     # ids of outputs that are views but are stored by the kernel all the same (a plan's
     # choice: ``layout/stored_views.py``)
     stored_views: frozenset = frozenset()
+
+    def split_text(self) -> str | None:
+        """``split_reason`` with ``split_from`` described as it is now: a segment keeps
+        growing after the reason was found, and may become a view segment."""
+        if self.split_reason is None or self.split_from is None:
+            return self.split_reason
+        return self.split_reason.replace(SEG, _what(self.split_from))
 
     def describe(self) -> str:
         if self.kind in ("reduction", "normalization") and self.reduced is not None:
@@ -72,10 +82,15 @@ def _row_reduction(seg: Segment, node: Node) -> bool:
     return seg_kind(node) == "reduction" and not (seg.across and reduction_dims(node) == seg.across)
 
 
+SEG = "\x00segment\x00"  # the segment a split reason is about (``Segment.split_text``)
+
+
 def _what(seg: Segment) -> str:
     if seg.kind in ("reduction", "normalization"):
         op = next(n.op for n in seg.nodes if _row_reduction(seg, n))
         return f"{op} over {seg.reduced}"
+    if seg.kind in ("alias", "reference"):
+        return f"the {seg.kind} segment"
     return f"the {seg.kind} ops over {seg.domain}"
 
 
@@ -129,7 +144,7 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
     """None when ``node`` (of family ``k``) can join ``seg`` under one kernel template, else
     the reason. ``dependent``: ``seg`` produces one of ``node``'s inputs."""
     if seg.kind in ("alias", "reference"):
-        return f"segment {seg.index} is a memory barrier ({seg.kind})"
+        return f"{SEG} is a memory barrier"
     if node.op == "reshape" and (laid := _laid_out_in(seg, node)) is not None:
         # x.contiguous().reshape(...): the program made x dense so the reshape is a view; a
         # kernel reading through both would need that copy at the operand's strides
@@ -137,7 +152,7 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
     if _joins_per_column(seg, node, k, dom):
         return None
     if any(id(v) in seg.column_values for v in node.inputs()):
-        return f"{node.op} reads the sums per column of {_what(seg)} with other values"
+        return f"{node.op} reads the sums per column of {SEG} with other values"
     if not dependent:
         # horizontal fusion: same kind, same iteration space
         if k == "reduction":
@@ -166,8 +181,8 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
                         # no read of its own (a view: its consumers load through it; an iota
                         # or a full: computed in the kernel from each element's index)
                         return None
-                    return f"{_what(seg)} and {_node_what(node, dom)} share no input"
-        return f"{_what(seg)} and {_node_what(node, dom)} have different iteration domains"
+                    return f"{SEG} and {_node_what(node, dom)} share no input"
+        return f"{SEG} and {_node_what(node, dom)} have different iteration domains"
     if k == "reduction":
         rd = reduction_dims(node)
         if seg.kind == "pointwise" and seg.domain == dom:
@@ -176,21 +191,21 @@ def _try_join(seg: Segment, node: Node, k: str, dom: tuple[int, ...], dependent:
             return None
         if seg.kind == "resize":
             return f"no kernel template fuses resize ops with {node.op}"
-        return f"{_what(seg)} and {_node_what(node, dom)} have different iteration domains"
+        return f"{SEG} and {_node_what(node, dom)} have different iteration domains"
     if k == "resize":
         if seg.kind in ("pointwise", "resize"):
             return None
-        return f"no kernel template fuses {node.op} with {_what(seg)}"
+        return f"no kernel template fuses {node.op} with {SEG}"
     # pointwise, view, write
     if seg.kind in ("pointwise", "resize"):
         if dom == seg.domain or _numel(dom) == _numel(seg.domain) or seg.kind == "resize":
             return None
-        return f"{_what(seg)} and {node.op} over {dom} have different iteration domains"
+        return f"{SEG} and {node.op} over {dom} have different iteration domains"
     # reduction / normalization segment
     rd = seg.reduced
     if dom in (seg.domain, _reduced_shape(seg.domain, rd), _keepdim_shape(seg.domain, rd)):
         return None
-    return f"{_what(seg)} and {node.op} over {dom} have different iteration domains"
+    return f"{SEG} and {node.op} over {dom} have different iteration domains"
 
 
 def _laid_out_in(seg: Segment, node: Node) -> str | None:
@@ -212,7 +227,7 @@ def seg_kind(node: Node) -> str:
 
 
 def _choose(node, k, dom, latest, segments, barrier, hazards, seg_of):
-    """The segment ``node`` joins, or ``(None, reason)``.
+    """The segment ``node`` joins, or ``(None, (reason, the segment it is about))``.
 
     Candidates keep the segment graph acyclic: every producer segment of ``node`` must come
     no later than the one it joins (edges then always point to higher indices). A dependent
@@ -230,15 +245,15 @@ def _choose(node, k, dom, latest, segments, barrier, hazards, seg_of):
         # logits' row kernel opened: the target's logit then joins that kernel, not a second)
         if hazards.conflict(node, newest, seg_of) is None:
             return newest, None
-    first_reason = None
+    first = None
     for seg in cands[:_WINDOW]:
         reason = _try_join(seg, node, k, dom, seg is latest)
         if reason is None:
             reason = hazards.conflict(node, seg, seg_of)
         if reason is None:
             return seg, None
-        first_reason = first_reason or reason
-    return None, first_reason
+        first = first or (reason, seg)
+    return None, first
 
 
 _WINDOW = 16
@@ -262,9 +277,10 @@ def segment_region(region: Region) -> list[Segment]:
     seg_of: dict[int, Segment] = {}  # value id -> producing segment
     segments: list[Segment] = []
 
-    def new_segment(node: Node, kind: str, reason: str | None) -> Segment:
+    def new_segment(node: Node, kind: str, why: tuple | None) -> Segment:
         d = dom[id(node)]
-        seg = Segment(len(segments), kind, d, split_reason=reason)
+        reason, tried = why or (None, None)
+        seg = Segment(len(segments), kind, d, split_reason=reason, split_from=tried)
         if seg_kind(node) == "reduction":
             seg.kind, seg.reduced = "reduction", reduction_dims(node)
         segments.append(seg)
@@ -281,7 +297,7 @@ def segment_region(region: Region) -> list[Segment]:
         latest = max(producer_segs, key=lambda s: s.index) if producer_segs else None
         target, reason = None, None
         if k == "alias":
-            reason = "update_aliases orders reads of views after in-place writes"
+            reason = ("update_aliases orders reads of views after in-place writes", None)
         elif segments:
             target, reason = _choose(node, k, dom[id(node)], latest, segments, barrier, hazards, seg_of)
         if target is None:
