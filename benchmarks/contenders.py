@@ -34,6 +34,15 @@ def thunder_transforms(kind: str) -> list | None:
     return thunder_fuser.transforms(launch_runs=False if kind.endswith("no-launch-runs") else None)
 
 
+def thunder_functions(fn) -> list:
+    """The ``thunder.jit`` functions a contender runs: itself (or the one it wraps), or for
+    ThunderFX each piece of Dynamo's graphs that thunder took."""
+    backend = getattr(fn, "thunderfx_backend", None)
+    if backend is not None:
+        return [f for info in backend.subgraph_infos for f in info.thunder_compiled_fns]
+    return [getattr(fn, "jitted", fn)]
+
+
 def run_label(kind: str, taken) -> str:
     """``kind``, or ``kind #2``, ``#3``... where ``taken`` holds a run of it already (an order
     test runs a contender again; each run keeps its own results)."""
@@ -46,7 +55,8 @@ def run_label(kind: str, taken) -> str:
 
 def wrap(kind: str, fn):
     """``fn`` as contender ``kind`` runs it: eager, torch.compile (``... reduce-overhead``:
-    with its CUDA graphs), thunder, thunder+torchcompile, thunder+fuser (``... graphed``:
+    with its CUDA graphs), thunder, thunderfx+fuser (``torch.compile`` with thunder's
+    backend and our executors), thunder+torchcompile, thunder+fuser (``... graphed``:
     replayed by ``thunder_fuser.graphed``; ``... no-region-graphs``: each region's launches
     made plainly, not replayed as a graph; ``... no-launch-runs``: region calls and the
     matmuls between them not replayed as one graph, ``launch_runs.py``)."""
@@ -58,6 +68,13 @@ def wrap(kind: str, fn):
         return torch.compile(fn, mode="reduce-overhead")
     if kind == "thunder":
         return thunder.jit(fn)
+    if kind == "thunderfx+fuser":  # ThunderFX: Dynamo's graph, each piece thunder supports through ours
+        from thunder.dynamo import ThunderCompiler
+
+        backend = ThunderCompiler(executors=thunder_executors("thunder+fuser"), transforms=thunder_transforms("thunder+fuser"))
+        compiled = torch.compile(fn, backend=backend)
+        compiled.thunderfx_backend = backend  # its pieces' traces: ``thunder_functions``
+        return compiled
     jfn = thunder.jit(fn, executors=thunder_executors(kind), transforms=thunder_transforms(kind))
     if kind.endswith("no-region-graphs"):  # the regions' launches made plainly (``runtime/region_graphs.py``)
         from thunder_fuser.runtime.region_graphs import turned_off

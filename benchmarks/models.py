@@ -54,12 +54,12 @@ import torch
 import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
 import thunder
 
-from benchmarks.contenders import run_label, wrap
+from benchmarks.contenders import run_label, thunder_functions, wrap
 from benchmarks import cli
 from benchmarks.model_zoo import MORE, MODELS, TINY_MAX_SEQ, batch, build
 from thunder_fuser.runtime import region_graphs
 
-CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
+CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser", "thunderfx+fuser")
 GiB = 2**30
 ROUNDS = 10  # the timed steps, in turns over the contenders (``time_interleaved``)
 # steps after the first, at most, before memory is read: two, and then until a step is
@@ -102,14 +102,14 @@ def _fallbacks(fn) -> list[str]:
     from thunder_fuser.runtime.region_runner import RegionRunner
 
     out = []
-    fn = getattr(fn, "jitted", fn)  # a contender that wraps its jitted step (``contenders.wrap``)
-    for traces in (thunder.last_traces(fn), thunder.last_backward_traces(fn)):
-        if not traces:
-            continue
-        for v in traces[-1].python_ctx().values():
-            if isinstance(v, RegionRunner):
-                for p in v.plans.values():
-                    out += [f"{v.region.name} segment {i}: {r}" for i, r in p.fallbacks.items()]
+    for jfn in thunder_functions(fn):
+        for traces in (thunder.last_traces(jfn), thunder.last_backward_traces(jfn)):
+            if not traces:
+                continue
+            for v in traces[-1].python_ctx().values():
+                if isinstance(v, RegionRunner):
+                    for p in v.plans.values():
+                        out += [f"{v.region.name} segment {i}: {r}" for i, r in p.fallbacks.items()]
     return out
 
 
@@ -284,7 +284,7 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
             res["peak_GiB"] = round((torch.cuda.max_memory_allocated() - others) / GiB, 3)
             res["peak_over_start_GiB"] = round((torch.cuda.max_memory_allocated() - base) / GiB, 3)
             res.update(_profile(fn, module, idx, targets))
-        if kind.startswith("thunder+fuser"):
+        if kind.startswith("thunder+fuser") or kind == "thunderfx+fuser":
             res["fallbacks"] = _fallbacks(fn)
         res["warnings"] = sorted({f"{w.category.__name__}: {str(w.message)[:240]}" for w in caught
                                   if "fuser" in w.category.__module__ or "Kernel" in w.category.__name__})
