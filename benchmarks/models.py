@@ -59,6 +59,7 @@ from benchmarks import cli
 from benchmarks.model_zoo import MORE, MODELS, TINY_MAX_SEQ, batch, build
 from thunder_fuser.runtime import region_graphs
 
+TINY_MODELS = ("Llama-3.2-1B", "hf-Llama")  # --tiny's default: one model of each library
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser", "thunderfx+fuser")
 GiB = 2**30
 ROUNDS = 10  # the timed steps, in turns over the contenders (``time_interleaved``)
@@ -425,13 +426,15 @@ def main(argv=None) -> None:
         f"contenders: {', '.join(CONTENDERS)}\n"
         "On a machine without a CUDA GPU every run is --tiny: the models at a few thousand parameters in fp32."))
     ap.add_argument("--out", default="benchmarks/results", help="folder for models-<model>.json")
-    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated model names (below)")
+    ap.add_argument("--models", help=f"comma-separated model names (below; default: all, with --tiny {','.join(TINY_MODELS)})")
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated contender names (below)")
     ap.add_argument("--layers", type=int, default=2, help="transformer layers per model")
     ap.add_argument("--batch", type=int, default=2, help="sequences per step")
     ap.add_argument("--seq", type=int, default=1024, help=f"tokens per sequence (--tiny: at most {TINY_MAX_SEQ})")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per contender, in turns (ROUNDS)")
-    ap.add_argument("--tiny", action="store_true", help="tiny configs (the CPU smoke test)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny configs in fp32, one litgpt and one transformers model unless --models says, no "
+                         "second-process first calls: the CPU smoke test of the harness (its timings mean nothing)")
     ap.add_argument("--one-process", action="store_true",
                     help="all models in this process (else a process of its own for each of several models)")
     ap.add_argument("--warm-first-call", metavar="MODEL", help="(internal) print the first call of MODEL in this process")
@@ -442,6 +445,7 @@ def main(argv=None) -> None:
     a.tiny = a.tiny or not torch.cuda.is_available()
     if a.tiny:
         a.seq = min(a.seq, TINY_MAX_SEQ)
+    a.models = a.models or ",".join(TINY_MODELS if a.tiny else MODELS)
     if a.merge is not None:
         from benchmarks.models_report import merge
 
@@ -464,7 +468,8 @@ def main(argv=None) -> None:
     contenders = [c for c in a.contenders.split(",") if c]
     for name in names:
         r = run_model(name, contenders, a.layers, a.batch, a.seq, a.steps, a.tiny)
-        second_processes(name, r, a, cache)
+        if not a.tiny:
+            second_processes(name, r, a, cache)
         r["device"] = _device()
         with open(os.path.join(a.out, f"models-{name}.json"), "w") as f:
             json.dump(r, f, indent=1)
