@@ -433,8 +433,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seq", type=int, default=1024, help=f"tokens per sequence (--tiny: at most {TINY_MAX_SEQ})")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per contender, in turns (ROUNDS)")
     ap.add_argument("--tiny", action="store_true",
-                    help="tiny configs in fp32, one litgpt and one transformers model unless --models says, no "
-                         "second-process first calls: the CPU smoke test of the harness (its timings mean nothing)")
+                    help="tiny configs in fp32, one litgpt and one transformers model unless --models says: the "
+                         "CPU smoke test of the harness (its timings mean nothing)")
     ap.add_argument("--one-process", action="store_true",
                     help="all models in this process (else a process of its own for each of several models)")
     ap.add_argument("--warm-first-call", metavar="MODEL", help="(internal) print the first call of MODEL in this process")
@@ -468,8 +468,7 @@ def main(argv=None) -> None:
     contenders = [c for c in a.contenders.split(",") if c]
     for name in names:
         r = run_model(name, contenders, a.layers, a.batch, a.seq, a.steps, a.tiny)
-        if not a.tiny:
-            second_processes(name, r, a, cache)
+        second_processes(name, r, a, cache)
         r["device"] = _device()
         with open(os.path.join(a.out, f"models-{name}.json"), "w") as f:
             json.dump(r, f, indent=1)

@@ -207,3 +207,44 @@ def test_several_models_run_each_in_a_process_of_its_own(tmp_path, monkeypatch, 
     assert all(r[r.index("--contenders") + 1] == "eager,thunder+fuser" and "--tiny" in r for r in runs)
     out = capsys.readouterr().out
     assert "[b] its process exited with -11" in out and "| a | eager |" in out and "| b |" not in out
+
+
+@pytest.mark.parametrize("module", ["models", "run", "decode", "distributed", "cross_entropy", "segmentation_time",
+                                    "profile_one", "warm_cache", "summary"])
+def test_every_benchmark_command_explains_itself(module, capsys):
+    """issue 62: --help describes the command and each option with its default, names the
+    models and contenders (the model benchmark), and runs nothing."""
+    import importlib
+    import runpy
+    import sys
+
+    if module == "summary":  # its command is its ``__main__`` block
+        with pytest.raises(SystemExit) as exit_:
+            argv, sys.argv = sys.argv, ["summary", "--help"]
+            try:
+                runpy.run_module("benchmarks.summary", run_name="__main__")
+            finally:
+                sys.argv = argv
+    else:
+        with pytest.raises(SystemExit) as exit_:
+            importlib.import_module(f"benchmarks.{module}").main(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: python -m benchmarks.{module}")
+    if module == "models":
+        from benchmarks.model_zoo import MODELS
+        from benchmarks.models import CONTENDERS
+
+        assert all(m in text for m in MODELS) and all(c in text for c in CONTENDERS), text
+        import re
+
+        assert re.search(r"--steps STEPS\s+timed steps .*\(default:\s+30\)", text, re.S), text
+
+
+def test_a_gpu_benchmark_says_so_in_one_line_on_a_machine_without_one(monkeypatch):
+    from benchmarks import run
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_:
+        run.main(["--out", "unused"])
+    assert "needs a CUDA GPU" in str(exit_.value.code) and "\n" not in str(exit_.value.code)
