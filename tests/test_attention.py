@@ -77,3 +77,28 @@ def test_a_bias_that_needs_a_gradient_and_a_mask_with_is_causal_are_left_to_the_
 @pytest.mark.parametrize("mask_name", list(MASKS))
 def test_masked_attention_on_cudnn(mask_name):
     _masked_matches_eager(mask_name, "cuda", torch.bfloat16, 2e-2)
+
+
+@pytest.mark.parametrize("way", ["thunder.jit", "ThunderFX"])
+def test_grouped_query_attention_by_enable_gqa_matches_eager(way):
+    """issue 62: ``enable_gqa=True`` (current PyTorch's grouped-query attention) failed with
+    every executor in thunder 0.2.6 ('unexpected keyword argument'): translated into key and
+    value repeated per query head (``missing_torch_ops.py``), forward and gradients as eager's."""
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    if way == "thunder.jit":
+        fn = thunder.jit(f, executors=thunder_fuser.executors())
+    else:
+        from thunder.dynamo import ThunderCompiler
+
+        torch._dynamo.reset()
+        backend = ThunderCompiler(executors=thunder_fuser.executors())
+        fn = torch.compile(f, backend=backend)
+    q, k, v = (torch.randn(2, h, 16, 32, requires_grad=True) for h in (8, 2, 2))
+    got, want = fn(q, k, v), f(q, k, v)
+    torch.testing.assert_close(got, want)
+    if way == "ThunderFX":  # thunder took the attention (it left it to Inductor before)
+        assert [f for info in backend.subgraph_infos for f in info.thunder_compiled_fns]
+    g = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g))
