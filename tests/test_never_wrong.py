@@ -530,3 +530,19 @@ def test_fp64_values_beside_python_numbers_compile_to_ptx(f):
     from tests.helpers import compile_planned_kernels_to_ptx
 
     compile_planned_kernels_to_ptx(f, (torch.randn(64, dtype=torch.float64),))
+
+
+def test_a_0d_tensor_written_and_read_beside_a_tensor_is_read_after_its_write_lands(backend):
+    """``b.sub_(...)`` of a 0-d ``b`` then ``a.mul_(b)``: one kernel wrote ``b`` (every thread
+    the same element) and computed ``a * b`` again from ``b``'s memory, after the write: inf
+    came out -inf in the lowered programs, and on CUDA threads would race (found by the CPU
+    hunt of the lowered programs). A read of a written 0-d value beside a tensor now waits
+    for the write's kernel."""
+    def f(a, b):
+        t0 = b.to(torch.bfloat16)
+        b.sub_(t0, alpha=0.5)
+        a.mul_(b)
+        return (b.clamp(-1, 1),)
+
+    for n in (1, 5):
+        check_vs_eager(f, torch.full((n,), float("inf"), dtype=torch.float64), torch.tensor(0.4, dtype=torch.float64))

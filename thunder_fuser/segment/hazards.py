@@ -45,7 +45,10 @@ class WriteHazards:
 
     @staticmethod
     def _aligned(node: Node, v: Value, shape) -> bool:
-        return kind_of(node.op) in ("pointwise", "write") and v.shape == tuple(shape)
+        """Does ``node`` read ``v`` at the element its thread writes: pointwise, ``v`` at the
+        written shape, and that shape its own (a 0-d value written and read beside a tensor
+        is one element every thread reads, and writes)."""
+        return kind_of(node.op) in ("pointwise", "write") and v.shape == tuple(shape) == tuple(node.outputs[0].shape)
 
     def _derived_roots(self, node: Node, seg) -> list[tuple[Value, int]]:
         """(value, root) for each input of ``node`` computed in ``seg`` from a written root."""
