@@ -213,10 +213,9 @@ def _tag_materialized_conversions(bsyms) -> None:
     for b in bsyms:
         tensors = [a for a in b.flat_proxy_args if isinstance(a, TensorProxy) and a.ndim]
         name = b.sym.name.rsplit(".", 1)[-1]
-        if name in CONVERSION_OPS and isinstance(b.output, TensorProxy):
-            _tag_conversions_of(b.subsymbols, {t.name for t in tensors}, set())
-        elif (name in PROMOTING_OPS and isinstance(b.output, TensorProxy) and b.output.device.type == "cpu"
-                and len({t.dtype for t in tensors}) > 1):
+        cpu_promotion = name in PROMOTING_OPS and len({t.dtype for t in tensors}) > 1 and (
+            isinstance(b.output, TensorProxy) and b.output.device.type == "cpu")
+        if isinstance(b.output, TensorProxy) and (name in CONVERSION_OPS or cpu_promotion):
             _tag_conversions_of(b.subsymbols, {t.name for t in tensors}, set())
         else:
             _tag_materialized_conversions(b.subsymbols)

@@ -168,13 +168,12 @@ def infer_allocation_orders(
         if v.is_tensor:
             result[id(v)] = input_orders.get(v.name, tuple(range(v.ndim)))
     zeros: dict[int, frozenset] = {id(v): input_broadcast.get(v.name, v.broadcast_dims) for v in region.inputs}
-    producers: dict[int, Node] = {}
+    producers = region.producers()
     for node in region.nodes:
         operands = node.tensor_inputs()
         if operands:
             z = _zero_dims(node, operands, zeros)
             zeros.update((id(o), z) for o in node.outputs if o.is_tensor)
-        producers.update((id(o), node) for o in node.outputs)
         for out in node.outputs:
             if not out.is_tensor or id(out) in result:
                 continue
