@@ -409,3 +409,20 @@ def ptx_text(fn) -> str:
 
     ptx = cache.compiled_object(fn).artifacts.PTX
     return Path(ptx).read_text() if ptx.endswith(".ptx") and Path(ptx).is_file() else ptx
+
+
+def rope_from_one_projection(cos, sin, qkv):
+    """litgpt's attention inputs as one graph: q, k and v sliced from one projection, RoPE
+    over their heads with cos and sin sliced from the model's buffers, k and v repeated per
+    query head; the expanded views returned as a forward saves them for its backward."""
+    def rot(x):
+        return torch.cat([-x[..., 8:], x[..., :8]], -1)
+
+    q, k, v = qkv.split([64, 32, 32], -1)
+    q, k, v = (t.reshape(2, 32, -1, 16).transpose(1, 2) for t in (q, k, v))
+    c, s = cos[:32].reshape(1, 1, 32, 16), sin[:32].reshape(1, 1, 32, 16)
+    cq, sq, ck, sk = c.expand(2, 4, 32, 16), s.expand(2, 4, 32, 16), c.expand(2, 2, 32, 16), s.expand(2, 2, 32, 16)
+    qr = torch.cat([q * cq + rot(q) * sq, q[..., :0]], -1)
+    kr = torch.cat([k * ck + rot(k) * sk, k[..., :0]], -1)
+    return (qr, kr[:, :, None].expand(2, 2, 2, 32, 16).reshape(2, 4, 32, 16),
+            v[:, :, None].expand(2, 2, 2, 32, 16).reshape(2, 4, 32, 16), cq, sq, ck, sk)

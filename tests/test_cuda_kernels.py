@@ -16,7 +16,7 @@ from helpers import (
     CREATION_CASES, STAGED_REDUCTIONS, causal_attention, causal_mask_scores,
     check_a_misaligned_call_runs_a_shared_launch_apart, check_batch_norm_backward, check_gradients,
     check_layernorm_backward, check_norm_backward, check_vs_eager, check_vs_float64,
-    integer_division, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
+    integer_division, plans, rope_from_one_projection, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import fuser_ex
 from thunder_fuser.kernels import segment_kernel
@@ -591,3 +591,12 @@ def test_low_precision_arithmetic_matches_eager_bit_for_bit(dtype):
         got = thunder.jit(f, executors=[fuser_ex])(a, b)
     for g, w in zip(got, f(a, b)):
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_cat_expanded_and_merged_beside_other_stores(dtype):
+    """litgpt's attention inputs as ThunderFX hands them over (q, k and v sliced from one
+    projection, RoPE'd, k and v repeated per query head): one kernel over the unmerged
+    domain with the cat's select moved to its dims (the CPU test checks the lowered program)."""
+    run_without_fallback(rope_from_one_projection, _randn(64, 16, dtype=dtype), _randn(64, 16, dtype=dtype),
+                         _randn(2, 32, 128, dtype=dtype))

@@ -20,6 +20,7 @@ from helpers import (
     assert_every_segment_ran_a_kernel_forward,
     compile_planned_kernels_to_ptx,
     ptx_text,
+    rope_from_one_projection,
     CREATION_CASES, STAGED_REDUCTIONS, causal_attention, causal_mask_scores,
     check_a_misaligned_call_runs_a_shared_launch_apart,
     check_batch_norm_backward, check_gradients, check_layernorm_backward, check_norm_backward, check_vs_eager,
@@ -1140,23 +1141,6 @@ def test_grouped_query_expand_and_its_backward_run_kernels(transpose_k, torch_ke
     compile_planned_kernels_to_ptx(lambda q, k, c, s: fn(q.detach(), k.detach(), c, s), args)
 
 
-def _rope_from_one_projection(cos, sin, qkv):
-    """litgpt's attention inputs as one graph: q, k and v sliced from one projection, RoPE
-    over their heads with cos and sin sliced from the model's buffers, k and v repeated per
-    query head; the expanded views returned as a forward saves them for its backward."""
-    def rot(x):
-        return torch.cat([-x[..., 8:], x[..., :8]], -1)
-
-    q, k, v = qkv.split([64, 32, 32], -1)
-    q, k, v = (t.reshape(2, 32, -1, 16).transpose(1, 2) for t in (q, k, v))
-    c, s = cos[:32].reshape(1, 1, 32, 16), sin[:32].reshape(1, 1, 32, 16)
-    cq, sq, ck, sk = c.expand(2, 4, 32, 16), s.expand(2, 4, 32, 16), c.expand(2, 2, 32, 16), s.expand(2, 2, 32, 16)
-    qr = torch.cat([q * cq + rot(q) * sq, q[..., :0]], -1)
-    kr = torch.cat([k * ck + rot(k) * sk, k[..., :0]], -1)
-    return (qr, kr[:, :, None].expand(2, 2, 2, 32, 16).reshape(2, 4, 32, 16),
-            v[:, :, None].expand(2, 2, 2, 32, 16).reshape(2, 4, 32, 16), cq, sq, ck, sk)
-
-
 def test_a_cat_expanded_and_merged_beside_other_stores_runs_as_a_kernel(torch_kernels):
     """RoPE'd ``k`` (a cat) repeated per query head, in one segment with q's RoPE and the
     saved broadcasts (how ThunderFX hands litgpt's attention inputs over): the program
@@ -1164,9 +1148,9 @@ def test_a_cat_expanded_and_merged_beside_other_stores_runs_as_a_kernel(torch_ke
     dims. The pieces were reshaped as if they were the whole source, so no merge was seen
     and the segment ran on torch ('reshape of qkv needs a copy at these strides')."""
     args = (_r(64, 16), _r(64, 16), _r(2, 32, 128))
-    jfn = check_vs_eager(_rope_from_one_projection, *args)[0]
+    jfn = check_vs_eager(rope_from_one_projection, *args)[0]
     assert_every_segment_ran_a_kernel_forward(jfn)
-    compile_planned_kernels_to_ptx(_rope_from_one_projection, args)
+    compile_planned_kernels_to_ptx(rope_from_one_projection, args)
 
 
 def test_a_small_sum_between_kept_dims_is_added_as_slices():

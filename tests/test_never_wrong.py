@@ -439,16 +439,42 @@ def test_past_32_bits_a_pointwise_kernel_compiles_to_ptx(monkeypatch, name):
     compile_planned_kernels_to_ptx(f, make("cpu"))
 
 
-def test_past_32_bits_in_one_dim_a_row_kernel_leaves_the_segment_to_torch(backend, monkeypatch):
-    """A row or column kernel indexes its extents in 32 bits: a longer dim runs on torch,
-    and says why (rows of any length below that are fine: a row's offset is 64-bit)."""
-    from thunder_fuser import explain
+@pytest.mark.parametrize("f, x", [
+    (lambda x: x.float().sum(), torch.randn(9, 80, dtype=torch.bfloat16)),  # two dims, then a split
+    (lambda x: x.sum(), torch.randn(9, 80, dtype=torch.bfloat16)),  # a 16-bit sum: fp32 partials
+    (lambda x: x.float().sum(-1), torch.randn(9, 80, dtype=torch.bfloat16)),  # one long dim, split
+    (lambda x: x.amax(), torch.randn(200)),
+    (lambda x: torch.prod(x.float() * 0.01 + 1.0), torch.randn(4, 50)),
+], ids=["sum of two dims", "bf16 sum", "one long dim", "amax", "prod"])
+def test_past_32_bits_a_reduction_runs_on_row_kernels_in_stages(backend, monkeypatch, f, x):
+    """A row or column kernel indexes a row's length in 32 bits: a reduction over more
+    elements runs in stages of fewer (``ir/long_reductions.py``), innermost dims first, a dim
+    too long viewed as ``[n / k, k]``; each stage on a kernel. The bound is lowered here
+    (``test_tensors_past_2_31_elements_on_cuda`` runs the real sizes)."""
+    from thunder_fuser.ir import long_reductions
     from thunder_fuser.kernels import geometry
 
     monkeypatch.setattr(geometry, "INT32_LIMIT", 64)
-    jfn, _ = check_vs_eager(lambda x: x.float().sum(-1), torch.randn(9, 80, dtype=torch.bfloat16))
+    monkeypatch.setattr(long_reductions, "INT32_LIMIT", 64)
+    jfn, _ = check_vs_eager(f, x)
     if backend == "lowered":
-        assert "the row and column kernels index their extents in 32 bits" in explain(jfn)
+        assert _segments_on_kernels(jfn) == []
+
+
+def test_past_32_bits_what_no_stage_shortens_is_left_to_torch(backend, monkeypatch):
+    """A dim of prime length cannot be viewed as shorter rows, and a row count past the bound
+    is no reduced dim: torch runs them, and says why (rows of any length below the bound
+    are fine: a row's offset is 64-bit)."""
+    from thunder_fuser import explain
+    from thunder_fuser.ir import long_reductions
+    from thunder_fuser.kernels import geometry
+
+    monkeypatch.setattr(geometry, "INT32_LIMIT", 64)
+    monkeypatch.setattr(long_reductions, "INT32_LIMIT", 64)
+    for f, x in ((lambda x: x.sum(-1), torch.randn(9, 83)), (lambda x: x.float().sum(-1), torch.randn(80, 3))):
+        jfn, _ = check_vs_eager(f, x)
+        if backend == "lowered":
+            assert "the row and column kernels index their extents in 32 bits" in explain(jfn)
     jfn, _ = check_vs_eager(lambda x: x.float().sum(-1), torch.randn(60, 12, dtype=torch.bfloat16))  # 720 elements
     if backend == "lowered":
         assert _segments_on_kernels(jfn) == []
@@ -466,10 +492,12 @@ def _big(n: int, dtype=torch.bfloat16) -> torch.Tensor:
     ("resize (a pad)", lambda x: F.pad(x, (0, 8)) * 2.0, lambda: (_big(2**31 + 2048).view(-1, 2048),)),
     ("resize (a cat along a dim of 2**31)", lambda x: torch.cat([x, x[:8]]) * 2.0, lambda: (_big(2**31 + 8),)),
     ("softmax rows", lambda x: torch.softmax(x, -1), lambda: (_big(2**31 + 4096).view(-1, 4096),)),
+    ("whole-tensor sum of one dim (in stages)", lambda x: x.float().sum(), lambda: (_big(2**31 + 2048),)),
+    ("mean of two dims (in stages)", lambda x: (x.float() ** 2).mean(), lambda: (_big(2**31 + 2048).view(-1, 2048),)),
 ], ids=lambda c: c[0])
 def test_tensors_past_2_31_elements_on_cuda(case):
     """Every one runs on kernels: pointwise and resize in 64-bit indices, rows in 32-bit
-    extents with 64-bit offsets."""
+    extents with 64-bit offsets, a reduction over more elements in stages of fewer."""
     _, f, make = case
     (x,) = make()
     jfn = thunder.jit(f, executors=[fuser_ex])
@@ -546,3 +574,20 @@ def test_a_0d_tensor_written_and_read_beside_a_tensor_is_read_after_its_write_la
 
     for n in (1, 5):
         check_vs_eager(f, torch.full((n,), float("inf"), dtype=torch.float64), torch.tensor(0.4, dtype=torch.float64))
+
+
+def test_an_op_over_a_cat_reshaped_through_its_cat_dim_is_not_computed_with(backend):
+    """A mean over a dim of two (rewritten as two slices added) of ``minimum(cat(...), a)``,
+    each slice reshaped so that the cat dim goes: the reshape pushed through the ``minimum``
+    turned its cat operand into a value that can only be stored, and the lowered programs
+    computed with it (``TypeError: Reshaped`` in ``kernels/torch_eval.py``; found by the CPU
+    hunt of the lowered programs). Such an op is now itself stored through the reshape, and a
+    segment that computes with it runs on the reference backend, saying why."""
+    def f(a):
+        t0 = torch.cat([a, a * 2], 1)
+        t1 = torch.minimum(t0, a)
+        t2 = t1.mean(-4)
+        torch.cat([t2, t2 * 2], 0)
+        return t1.mean(-3), t2
+
+    check_vs_eager(f, torch.randn(2, 1, 5, 1, dtype=torch.float16))

@@ -39,6 +39,7 @@ from thunder_fuser.trace_notes import lift_notes, place_notes
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
+from thunder_fuser.ir.long_reductions import long_reductions_in_stages
 from thunder_fuser.ir.ops import SUPPORTED
 from thunder_fuser.ir.reshape_first import reshape_first
 from thunder_fuser.ir.same_values import same_values
@@ -160,6 +161,7 @@ class FuserExecutor(FusionExecutor):
         read_scalars_unbroadcast(ir)
         cat_before_reshape(ir)
         small_reductions_as_pointwise(ir)
+        long_reductions_in_stages(ir)
         reshape_first(ir)
         segments = segment_region(ir)
         debug.dump("segments", lambda: "\n".join([title] + segment_lines(segments)))

@@ -839,7 +839,12 @@ class _Lowering:
         # shape too where the domain is square): pushed to its loads like any op, whose
         # views then say whether each is one value per row
         if isinstance(e, Op):
-            return Op(e.op, tuple(self.view(a, node) for a in e.args), e.dtype)
+            args = tuple(self.view(a, node) for a in e.args)
+            if any(isinstance(a, Reshaped) for a in args):
+                # a reshape merging a cat/pad dim of one operand: the op is computed over the
+                # shape before the reshape and only stored through it, like the cat/pad itself
+                return Reshaped(e, tuple(node.args[0].shape))
+            return Op(e.op, args, e.dtype)
         if isinstance(e, Reshaped) and node.op == "reshape":
             return e
         if isinstance(e, Select) and node.op == "reshape":

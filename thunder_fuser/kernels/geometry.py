@@ -29,6 +29,7 @@ import math
 import torch
 
 from thunder_fuser.backends.reference import REFERENCE_IMPLS
+from thunder_fuser.ir.long_reductions import INT32_LIMIT
 from thunder_fuser.kernels.base_maps import choose_map_ref, mode_map, ref_first, static_modes
 from thunder_fuser.kernels.columns_geometry import column_splits
 from thunder_fuser.kernels.expr import Program, column_sums, has_reduce, reads_rows_once, reductions_in_order, trailing_merge
@@ -333,9 +334,6 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
     return geo
 
 
-# Beyond this, a kernel's extents, thread index and vector counts take 64-bit integers (a
-# margin below 2**31 covers a vector's or a block's rounding up)
-INT32_LIMIT = 2**31 - 2**16
 
 
 def needs_64bit_indices(geo: Geometry, family: str) -> bool:
@@ -345,11 +343,18 @@ def needs_64bit_indices(geo: Geometry, family: str) -> bool:
     tensor of that size is one), a base tensor's extent, or the count of vectors a
     pointwise kernel gives its threads. Chosen per call, so that every smaller tensor keeps
     32-bit arithmetic; the pointwise template (and its cat/pad pieces) runs either way, the
-    row and column families raise ``Unsupported`` (torch runs the segment)."""
-    extents = list(geo.outer) + [geo.n] + [e for b in geo.bases for e in b.shape]
-    vectors = math.prod(geo.outer) * max(1, -(-geo.n // geo.vector))
-    if max(extents, default=0) < INT32_LIMIT and (family == "rows" or vectors < INT32_LIMIT):
-        return False
+    row and column families raise ``Unsupported`` (torch runs the segment): a reduction over
+    that many elements reaches them in stages of fewer (``ir/long_reductions.py``), so what
+    is left to torch is a row or column count past 2**31, or a dim of prime length."""
+    if family == "rows":  # a long base dim is passed as a view instead (``_call_recipe``)
+        extents = list(geo.outer) + [geo.n]
+        if max(extents) < INT32_LIMIT:
+            return False
+    else:
+        extents = list(geo.outer) + [geo.n] + [e for b in geo.bases for e in b.shape]
+        vectors = math.prod(geo.outer) * max(1, -(-geo.n // geo.vector))
+        if max(extents, default=0) < INT32_LIMIT and vectors < INT32_LIMIT:
+            return False
     if family == "rows":
         raise Unsupported(f"a dim of {max(extents):,} elements: the row and column kernels index their "
                           "extents in 32 bits, torch runs the segment")
@@ -451,12 +456,18 @@ def _call_recipe(geo: Geometry) -> None:
             return None
         return (o.shape, o.stride, o.offset)
 
+    def mappable(o):
+        """A base map names the base's extents, which a kernel of 32-bit indices cannot hold
+        past 2**31 (a 1-D tensor of 2**32 elements read as ``[4096, 2**20]`` rows): then the
+        call passes the operand's view."""
+        return geo.index64 or max(geo.bases[o.source].shape, default=0) < INT32_LIMIT
+
     ops = geo.operands
     views = [view(o) for o in ops]
     geo.map_ref = choose_map_ref(geo)
     maps = [None] * len(ops)
     for i in ref_first(len(ops), geo.map_ref):
-        if views[i] is not None:
+        if views[i] is not None and mappable(ops[i]):
             ref = None if i == geo.map_ref else ops[geo.map_ref]
             maps[i] = mode_map(ops[i], geo.bases[ops[i].source], ref, static_modes(geo, ops[i]))
     geo.base_maps = tuple(maps)
