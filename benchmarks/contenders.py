@@ -59,7 +59,7 @@ def wrap(kind: str, fn):
     backend and our executors), thunder+torchcompile, thunder+fuser (``... graphed``:
     replayed by ``thunder_fuser.graphed``; ``... no-region-graphs``: each region's launches
     made plainly, not replayed as a graph; ``... no-launch-runs``: region calls and the
-    matmuls between them not replayed as one graph, ``launch_runs.py``)."""
+    matmuls between them not replayed as one graph, ``thunder_transforms/launch_runs.py``)."""
     if kind == "eager":
         return fn
     if kind == "torch.compile":
@@ -76,8 +76,8 @@ def wrap(kind: str, fn):
         compiled.thunderfx_backend = backend  # its pieces' traces: ``thunder_functions``
         return compiled
     jfn = thunder.jit(fn, executors=thunder_executors(kind), transforms=thunder_transforms(kind))
-    if kind.endswith("no-region-graphs"):  # the regions' launches made plainly (``runtime/region_graphs.py``)
-        from thunder_fuser.runtime.region_graphs import turned_off
+    if kind.endswith("no-region-graphs"):  # the regions' launches made plainly (``cudagraphs/region_graphs.py``)
+        from thunder_fuser.cudagraphs.region_graphs import turned_off
 
         def plain(*args, **kwargs):
             with turned_off():

@@ -6,7 +6,7 @@ Every model here is somebody else's code: litgpt's Llama-3.2-1B (grouped-query a
 RoPE, its 128256 vocabulary), pythia-410m (GPT-NeoX: parallel residual, partial rotary,
 LayerNorm with bias), gemma-2b (an embedding scale, GELU-gated MLP, 256000 vocabulary), and
 transformers' Llama and Qwen2 (transformers 4.52.4, without its KV cache: the newest that
-thunder 0.2.6 traces, ``tests/test_hf_models.py``). ``MORE`` (litgpt's phi-2, transformers'
+thunder 0.2.6 traces, ``tests/test_transformers_models.py``). ``MORE`` (litgpt's phi-2, transformers'
 GPT-2) the tests step too. ``layers`` cuts the depth so one H100 holds every contender;
 ``tiny`` cuts every size, for the CPU tests.
 """

@@ -16,7 +16,7 @@ a fresh ``THUNDER_FUSER_CACHE``); a second process then takes the first step aga
 disk caches (``first_call_warm_s``; for torch.compile and thunder too,
 ``second_processes``). ``second_call_s`` is the next step's: thunder + fuser's first step
 runs on the reference backend while worker processes compile its kernels
-(``kernels/compile_workers.py``), and the second waits for those still compiling.
+(``backends/cute/compile_workers.py``), and the second waits for those still compiling.
 
 Step time is timed last, with every contender of the model alive: ``ROUNDS`` turns over
 the contenders, each turn ``TURN_WARMUP`` untimed steps then ``--steps / ROUNDS`` steps
@@ -57,7 +57,7 @@ import thunder
 from benchmarks.contenders import run_label, thunder_functions, wrap
 from benchmarks import cli
 from benchmarks.model_zoo import MORE, MODELS, TINY_MAX_SEQ, batch, build
-from thunder_fuser.runtime import region_graphs
+from thunder_fuser.cudagraphs import region_graphs
 
 TINY_MODELS = ("Llama-3.2-1B", "hf-Llama")  # --tiny's default: one model of each library
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser", "thunderfx+fuser")
@@ -159,7 +159,7 @@ def _fresh_step(fn, module, idx, targets):
 def check_after_turns(checks: list) -> None:
     """Each contender's step against eager's again, after its timed turns: those turns
     move the caching allocator's blocks, so CUDA graphs keyed on pointers are captured anew
-    and replaced (``runtime/region_graphs.py``), which the first check, a few steps in,
+    and replaced (``cudagraphs/region_graphs.py``), which the first check, a few steps in,
     never saw. A wrong result here is the contender's error."""
     for res, check in checks:
         if res["error"] is None:
@@ -309,7 +309,7 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
 # untimed steps that begin each contender's turn: the contender before it left the caching
 # allocator's free blocks elsewhere, and a training loop of one model settles in a step or
 # two (thunder + fuser's regions capture a CUDA graph at their key's second sighting,
-# ``runtime/region_graphs.py``); the same for every contender
+# ``cudagraphs/region_graphs.py``); the same for every contender
 TURN_WARMUP = 2
 # contenders whose first step is taken again in a second process (``second_processes``)
 SECOND_PROCESS = ("torch.compile", "thunder", "thunder+fuser")
@@ -477,7 +477,7 @@ def main(argv=None) -> None:
 
 def _process_per_model(a, names: list) -> None:
     """Each model in a process of its own, one after the other: what a process allocates
-    once (a capture stream's cuBLAS workspace, ``runtime/region_graphs.py``) then counts in
+    once (a capture stream's cuBLAS workspace, ``cudagraphs/region_graphs.py``) then counts in
     every model's memory, each model's first calls meet cold caches, and a model whose
     process dies leaves the others' results."""
     for name in names:

@@ -38,8 +38,8 @@ from benchmarks.suite import Case, cases, nbytes
 from benchmarks.timing import device_ms, host_us
 from benchmarks.workloads import TransformerBlock
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import backend
-from thunder_fuser.kernels.backend import KernelFallbackWarning
+from thunder_fuser.backends.cute import backend
+from thunder_fuser.backends.cute.backend import KernelFallbackWarning
 
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser")
 L2_BYTES = 50 * 2**20

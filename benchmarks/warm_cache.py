@@ -18,7 +18,7 @@ import thunder
 
 from benchmarks.suite import cases
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import backend, cache
+from thunder_fuser.backends.cute import backend, cache
 
 
 def main(argv=None) -> None:

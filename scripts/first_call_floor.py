@@ -1,7 +1,6 @@
 """How fast can a thunder step's first call be in a fresh process (GPU machine)?
 
-Issue 30 asks for a second process, its kernels in the disk cache, to take its first step in
-a quarter of torch.compile's first step. That step is thunder's tracing and transforms,
+A second process, its kernels in the disk cache, still takes a first step: that step is thunder's tracing and transforms,
 which no executor skips: this measures the floor, thunder.jit with only thunder's torch
 executor (nothing compiled, nothing fused), beside thunder + fuser's first step with a cold
 kernel cache and then with a warm one, each in a process of its own, as a user's second

@@ -25,8 +25,8 @@ import tvm_ffi
 from benchmarks.timing import host_us_interleaved
 from benchmarks.workloads import gelu_bias
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import cache, segment_kernel
-from thunder_fuser.runtime.plan import spec_key
+from thunder_fuser.backends.cute import cache, segment_kernel
+from thunder_fuser.plan.plan import spec_key
 from thunder_fuser.runtime.region_runner import RegionRunner
 from thunder_fuser.runtime.straight_line import straight_line
 
@@ -52,8 +52,8 @@ def main():
     k = plan.kernels[seg.index]
     part = k.parts[0]
     env = {id(v): a for v, a in zip(plan.region.inputs, args)}
-    from thunder_fuser.kernels.base_maps import views_for_call
-    from thunder_fuser.kernels.segment_kernel import _allocate
+    from thunder_fuser.backends.cute.tiling.base_maps import views_for_call
+    from thunder_fuser.backends.cute.segment_kernel import _allocate
 
     stores = _allocate(part.store_recipe, env, k.device)
     bases = [stores[i] if from_store else env[i] for from_store, i in part.base_refs]

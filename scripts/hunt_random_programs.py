@@ -39,7 +39,7 @@ def main() -> int:
 
     from attack_programs import attack_programs
     if args.index64:
-        from thunder_fuser.kernels import geometry
+        from thunder_fuser.backends.cute.tiling import geometry
         geometry.INT32_LIMIT = 16
     from test_random_programs import check_program
 

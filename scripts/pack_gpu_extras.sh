@@ -6,7 +6,7 @@
 #   - litgpt 0.5.13 and what it imports (lightning, jsonargparse);
 #   - transformers 4.52.4 with the tokenizers and huggingface-hub it accepts: the newest
 #     transformers thunder 0.2.6 traces (with use_cache=False; 4.53 to 4.57 and 5.x fail in
-#     thunder's interpreter: tests/test_hf_models.py keeps the repro);
+#     thunder's interpreter: tests/test_transformers_models.py keeps the repro);
 #   - quack-kernels (with torch-c-dlpack-ext, einops) and Liger-Kernel: the loss's peers.
 # On the GPU machine, after `source .whl/env.sh`:   source .pywhl/env.sh || exit;
 # and pass carry: [".whl", ".pywhl"].

@@ -25,7 +25,7 @@ import thunder
 from benchmarks.contenders import wrap
 from benchmarks.model_zoo import batch, build
 from benchmarks.models import _step, _zero
-from thunder_fuser.runtime import region_graphs
+from thunder_fuser.cudagraphs import region_graphs
 
 
 def _frame(frames) -> str:

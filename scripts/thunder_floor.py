@@ -30,7 +30,7 @@ import torch
 
 import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
 from benchmarks.contenders import wrap
-from thunder_fuser.runtime import region_graphs
+from thunder_fuser.cudagraphs import region_graphs
 from thunder_fuser.runtime.region_runner import RegionRunner
 
 

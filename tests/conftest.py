@@ -13,7 +13,7 @@ if "CUTE_DSL_DUMP_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], ignore_errors=True)
 
 # a plan's first call runs on the reference backend while worker processes compile its
-# kernels (``kernels/compile_workers.py``); the tests check kernels from the first call, so
+# kernels (``backends/cute/compile_workers.py``); the tests check kernels from the first call, so
 # they compile in the test's process unless a test asks for workers (test_compile_workers.py)
 os.environ.setdefault("THUNDER_FUSER_COMPILE_WORKERS", "0")
 
@@ -51,9 +51,9 @@ def ptx_compile(tmp_path, monkeypatch):
     monkeypatch.setenv("THUNDER_FUSER_CACHE", str(tmp_path / "cache"))
     # the kept PTX goes to the test's own folder, not the working directory
     (tmp_path / "ptx").mkdir()
-    from thunder_fuser.kernels import segment_kernel
+    from thunder_fuser.backends.cute import backend
 
-    monkeypatch.setattr(segment_kernel, "EXTRA_OPTIONS", f" --keep-ptx --dump-dir {tmp_path / 'ptx'}")
+    monkeypatch.setattr(backend, "EXTRA_OPTIONS", f" --keep-ptx --dump-dir {tmp_path / 'ptx'}")
 
 
 @pytest.fixture(params=["cpu scalars", "cuda scalars"])

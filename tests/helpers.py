@@ -188,7 +188,7 @@ def norm_backward_args(shape, dtype=torch.float32, device="cpu", transposed=Fals
 def check_norm_backward(shape, dtype, device, expect: str, transposed=False):
     """``norm_backward`` against float64 (sums over many rows round differently in any
     order), with ``expect`` in explain()'s report: where its sums per column ran."""
-    from thunder_fuser.explain import explain
+    from thunder_fuser.inspect.explain import explain
 
     jfn, _ = check_vs_float64(norm_backward, *norm_backward_args(shape, dtype, device, transposed))
     report = explain(jfn)
@@ -225,7 +225,7 @@ def compile_planned_kernels_to_ptx(fn, args) -> None:
     fail to generate or compile on the GPU, and fall back there, raises here."""
     import tempfile
 
-    from thunder_fuser.kernels import segment_kernel
+    from thunder_fuser.backends.cute import segment_kernel
 
     pytest.importorskip("cutlass")
     with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory() as tmp:
@@ -242,7 +242,7 @@ def check_kernels_fall_back_only_where_lowering_does(fn, args, check=check_vs_ea
     kernel that fails to generate or compile would add one."""
     import warnings
 
-    from thunder_fuser.kernels import backend, segment_kernel
+    from thunder_fuser.backends.cute import backend, segment_kernel
 
     def fallbacks(jfn):
         return sorted((i, r) for p in plans(thunder.last_traces(jfn)[-1]) for i, r in p.fallbacks.items())
@@ -382,7 +382,7 @@ def _constant_outputs(x):
     )
 
 
-# iota and full inside kernel segments (``kernels/constants.py``): fn, input shapes
+# iota and full inside kernel segments (``backends/cute/lower/constants.py``): fn, input shapes
 CREATION_CASES = {
     "causal mask from arange (softmax; the mask and its negation returned)": (_causal_from_arange, [(2, 4, 100, 100)]),
     "tril of ones (full, bitwise and/not)": (_tril_of_ones, [(2, 3, 37, 37)]),
@@ -405,7 +405,7 @@ def signed_operands(shape, dtype, device="cpu"):
 def ptx_text(fn) -> str:
     """A compiled kernel's PTX text (CuTe DSL gives the file's path when it was dumped to a
     folder of our choosing)."""
-    from thunder_fuser.kernels import cache
+    from thunder_fuser.backends.cute import cache
 
     ptx = cache.compiled_object(fn).artifacts.PTX
     return Path(ptx).read_text() if ptx.endswith(".ptx") and Path(ptx).is_file() else ptx

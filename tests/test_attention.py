@@ -83,7 +83,7 @@ def test_masked_attention_on_cudnn(mask_name):
 def test_grouped_query_attention_by_enable_gqa_matches_eager(way):
     """issue 62: ``enable_gqa=True`` (current PyTorch's grouped-query attention) failed with
     every executor in thunder 0.2.6 ('unexpected keyword argument'): translated into key and
-    value repeated per query head (``missing_torch_ops.py``), forward and gradients as eager's."""
+    value repeated per query head (``patches/missing_torch_ops.py``), forward and gradients as eager's."""
     def f(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 

@@ -76,7 +76,7 @@ def test_memory_is_read_once_a_step_captures_and_sights_no_graph(monkeypatch):
     memory read there missed the workspace). Two steps after the first, then until a step
     neither captures nor sights a key."""
     from benchmarks import models
-    from thunder_fuser.runtime import region_graphs
+    from thunder_fuser.cudagraphs import region_graphs
 
     monkeypatch.setattr(region_graphs, "stats", dict.fromkeys(region_graphs.stats, 0))
     # (steps that sight keys, then steps that capture): steps settle runs
@@ -248,3 +248,14 @@ def test_a_gpu_benchmark_says_so_in_one_line_on_a_machine_without_one(monkeypatc
     with pytest.raises(SystemExit) as exit_:
         run.main(["--out", "unused"])
     assert "needs a CUDA GPU" in str(exit_.value.code) and "\n" not in str(exit_.value.code)
+
+
+def test_the_results_page_is_the_latest_results_generated():
+    """``benchmarks/RESULTS.md`` is generated from the results JSON, nothing older or by hand:
+    after a run, ``python -m benchmarks.results_page > benchmarks/RESULTS.md``."""
+    from pathlib import Path
+
+    from benchmarks.results_page import page
+
+    root = Path(__file__).resolve().parent.parent
+    assert (root / "benchmarks" / "RESULTS.md").read_text() == page(str(root / "benchmarks" / "results"))

@@ -10,7 +10,7 @@ import thunder
 import torch
 
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import cache
+from thunder_fuser.backends.cute import cache
 from thunder_fuser.runtime.region_runner import RegionRunner, RespecializationWarning
 
 

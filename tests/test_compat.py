@@ -40,11 +40,11 @@ def test_adds_every_missing_method(monkeypatch):
 
 
 def test_thunders_autograd_dummies_are_made_without_torchs_python_randn():
-    """thunder's autograd glue makes its meta dummies with ``torch.empty`` (``meta_dummy.py``):
+    """thunder's autograd glue makes its meta dummies with ``torch.empty`` (``patches/meta_dummy.py``):
     the same meta tensor, without torch's Python reference randn; any other randn is torch's."""
     import thunder.executors.torch_autograd as glue
 
-    import thunder_fuser.meta_dummy as meta_dummy
+    import thunder_fuser.patches.meta_dummy as meta_dummy
 
     assert isinstance(glue.torch, meta_dummy._TorchWithCheapMetaRandn) and glue.torch.autograd is torch.autograd
     d = glue.torch.randn(1, device="meta", requires_grad=True)

@@ -1,5 +1,5 @@
 """The collector held back while thunder compiles and a region builds its plan
-(``compile_gc.py``): raised for exactly those windows, restored after them, after a
+(``patches/compile_gc.py``): raised for exactly those windows, restored after them, after a
 tracing error too, and left alone by the calls that follow."""
 
 import gc
@@ -9,7 +9,8 @@ import thunder
 import torch
 
 import thunder_fuser  # noqa: F401  (installs the hooks)
-from thunder_fuser import compile_gc, fuser_ex
+from thunder_fuser import fuser_ex
+from thunder_fuser.patches import compile_gc
 
 
 @pytest.fixture

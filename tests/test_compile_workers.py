@@ -1,5 +1,5 @@
 """Kernels compiled in worker processes while a plan's first call runs on the reference
-backend (``kernels/compile_workers.py``): the first call's results are eager's, its
+backend (``backends/cute/compile_workers.py``): the first call's results are eager's, its
 outputs in the layouts the kernels give them; from the second call every kernel runs, and
 a kernel that fails to build falls back with its warning, never a wrong result.
 
@@ -24,10 +24,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pointwise_programs import programs
 from thunder_fuser import explain, fuser_ex
-from thunder_fuser.kernels import backend, cache, compile_workers, segment_kernel
-from thunder_fuser.kernels.backend import KernelFallbackWarning
-from thunder_fuser.kernels.torch_eval import run_program
-from thunder_fuser.runtime import plan as plan_mod
+from thunder_fuser.backends.cute import backend, cache, compile_workers, segment_kernel
+from thunder_fuser.backends.cute.backend import KernelFallbackWarning
+from thunder_fuser.backends.cute.torch_eval import run_program
+from thunder_fuser.plan import plan as plan_mod
 from thunder_fuser.runtime.region_runner import RegionRunner
 
 
@@ -65,18 +65,20 @@ def test_workers_compile_the_queued_kernels_and_the_caller_loads_them_from_disk(
 
 def test_a_worker_compiles_a_kernel_that_is_no_segments_and_the_caller_loads_it(workers):
     """The loss gradient's scaling (``scale_unless_one``), queued as a function and its arguments."""
-    from thunder_fuser.kernels import scale_unless_one as scaling
+    from thunder_fuser.backends.cute.families import scale_unless_one as scaling
 
     args = (torch.bfloat16, torch.float32, 8, "sm_90a")
     digest = cache.key_digest(scaling._cache_key(*args))
-    call = (scaling.__name__, "compile_into", args)
-    assert compile_workers.submit_call(digest, call, "sm_90a")
+    def call():
+        return scaling.__name__, "compile_into", args
+
+    assert compile_workers.submit(digest, call, "sm_90a")
     compile_workers.wait(digest)
     before = dict(cache.stats)
     assert scaling.compile_into(*args) is not None
     assert cache.stats["compiled"] == before["compiled"]  # none compiled here
     assert cache.stats["loaded"] == before["loaded"] + 1
-    assert not compile_workers.submit_call(digest, call, "sm_90a")  # in memory now: nothing to queue
+    assert not compile_workers.submit(digest, call, "sm_90a")  # in memory now: nothing to queue
 
 
 def test_a_worker_imports_the_kernels_without_thunder():
@@ -86,7 +88,7 @@ def test_a_worker_imports_the_kernels_without_thunder():
 
     probe = compile_workers._BOOTSTRAP.replace(
         "_serve(sys.argv[2])",
-        "import thunder_fuser.ir.region, thunder_fuser.kernels.segment_kernel; print('thunder' in sys.modules)")
+        "import thunder_fuser.ir.region, thunder_fuser.backends.cute.segment_kernel; print('thunder' in sys.modules)")
     out = subprocess.run(compile_workers.COMMAND[:2] + [probe] + compile_workers.COMMAND[3:] + ["sm_90a"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -307,7 +309,7 @@ def test_a_graph_is_captured_only_after_a_call_that_queued_nothing(stand_in):
     from test_graphs import RecordingGraphs, _weights
 
     import thunder_fuser
-    from thunder_fuser.graphs import graphed
+    from thunder_fuser.cudagraphs.graphs import graphed
 
     def step(*args):  # a kernel after attention (the cache writes are torch's, the rest views)
         return torch.tanh(_decode_step(*args))
@@ -326,7 +328,7 @@ def test_a_graph_is_captured_only_after_a_call_that_queued_nothing(stand_in):
 
 
 def test_nothing_is_queued_while_paused(monkeypatch):
-    """(a CUDA graph's capture: ``graphs.py``)"""
+    """(a CUDA graph's capture: ``cudagraphs/graphs.py``)"""
     monkeypatch.setenv("THUNDER_FUSER_COMPILE_WORKERS", "3")
     with compile_workers.paused():
         assert compile_workers.count() == 0
@@ -338,7 +340,7 @@ def test_workers_start_with_the_executors_on_a_cuda_machine(monkeypatch):
     """``thunder_fuser.executors()`` starts the workers where CUDA kernels will be built, so
     their imports overlap thunder's tracing of the first call; elsewhere it starts nothing."""
     import thunder_fuser
-    from thunder_fuser.kernels import backend
+    from thunder_fuser.backends.cute import backend
 
     started = []
     monkeypatch.setattr(compile_workers, "start", started.append)

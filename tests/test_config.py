@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from thunder_fuser import config, debug
+from thunder_fuser import config
+from thunder_fuser.inspect import debug
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -135,7 +135,7 @@ def _big_outputs(trace, n, c) -> list:
 def test_a_reduced_loss_writes_its_gradient_in_the_forward_row_kernel(upcast, scalars):
     """Two passes over the logits: the forward's reductions over the classes and the gradient
     for a cotangent of one are one row kernel, which writes the gradient in the logits' dtype
-    (through an upcast too: ``narrow_loss_gradient.py``); the backward only scales it
+    (through an upcast too: ``passes/narrow_loss_gradient.py``); the backward only scales it
     (``fuser_scale_unless_one``, which the trace says). Nothing of [rows, classes] in fp32 is
     stored, and the one bf16 tensor of that size saved for backward is the gradient."""
     n, c = 32, 3000
@@ -188,7 +188,7 @@ def test_a_loss_per_row_computes_its_gradient_in_one_pointwise_backward():
 def test_three_passes_say_why_above_the_backward_region(option):
     """Where the loss keeps three passes, the backward trace says so and why, in one comment
     line right above the region that reads the logits again; the comment cuts no region in
-    two (``trace_notes.py``): the backward is that one region."""
+    two (``passes/trace_notes.py``): the backward is that one region."""
     n, c = 16, 300
     x, t, _ = _problem(n, c)
     x.requires_grad_()
@@ -214,7 +214,7 @@ def test_three_passes_say_why_above_the_backward_region(option):
 def test_the_forward_reads_each_row_once():
     """Over rows too long for registers the max and the sum of exp(x - max) are taken online,
     and the target's logit in the same pass: the row kernel reads each row once."""
-    from thunder_fuser.kernels.expr import reads_rows_once
+    from thunder_fuser.backends.cute.lower.expr import reads_rows_once
 
     x, t, _ = _problem(4, 32000, dtype=torch.bfloat16)
     parts = planned_parts(lambda x, t: F.cross_entropy(x, t), (x, t))
@@ -254,8 +254,8 @@ def test_loss_kernels_compile_to_ptx_one_pass_each_way(vocab, ptx_compile):
     import re
 
     from helpers import ptx_text
-    from thunder_fuser.kernels import segment_kernel
-    from thunder_fuser.kernels.cute_memory import unroll
+    from thunder_fuser.backends.cute import segment_kernel
+    from thunder_fuser.backends.cute.dsl.cute_memory import unroll
 
     n = 256
     x = torch.randn(n, vocab, dtype=torch.bfloat16, requires_grad=True)
@@ -288,8 +288,8 @@ def test_a_long_rows_loss_keeps_its_lines_for_the_gradient_pass(ptx_compile):
     no exact exp's range reduction (``fma.rm``) anywhere. Where the looped row stores fp32, the
     exact exp stays."""
     from helpers import ptx_text
-    from thunder_fuser.kernels import segment_kernel
-    from thunder_fuser.kernels.cute_memory import unroll
+    from thunder_fuser.backends.cute import segment_kernel
+    from thunder_fuser.backends.cute.dsl.cute_memory import unroll
 
     n, vocab = 64, 128256
     x = torch.randn(n, vocab, dtype=torch.bfloat16, requires_grad=True)
@@ -313,7 +313,7 @@ def test_a_long_rows_loss_keeps_its_lines_for_the_gradient_pass(ptx_compile):
 @pytest.fixture
 def generated_kernels(monkeypatch):
     """CUDA kernels, not the lowered programs; fresh outputs NaN, so an unwritten element fails."""
-    from thunder_fuser.kernels import segment_kernel
+    from thunder_fuser.backends.cute import segment_kernel
 
     monkeypatch.delenv("THUNDER_FUSER_KERNELS", raising=False)
     monkeypatch.setattr(segment_kernel, "FILL_NAN", True)

@@ -19,8 +19,8 @@ from helpers import (
     integer_division, plans, rope_from_one_projection, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import segment_kernel
-from thunder_fuser.kernels.backend import KernelFallbackWarning
+from thunder_fuser.backends.cute import segment_kernel
+from thunder_fuser.backends.cute.backend import KernelFallbackWarning
 
 pytestmark = pytest.mark.cuda
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -387,7 +387,7 @@ def test_online_softmax_over_rows_too_long_for_registers(name, n, dtype):
     split take the max and the sum of exp(x - max) in one pass (``expr.softmax_sums``): on
     random rows against float64, and on rows of infinities, a NaN, large offsets and a
     rising max against eager; ragged (30001) and odd (50257: vectors of one element). A
-    +inf entry makes log_softmax NaN along its row, as eager's (``eager_decompositions.py``:
+    +inf entry makes log_softmax NaN along its row, as eager's (``passes/eager_decompositions.py``:
     thunder's decomposition gave NaN there and -inf elsewhere)."""
     fn = ONLINE_SOFTMAXES[name]
     jfn, _ = reduce_without_fallback(fn, _randn(80, n, dtype=dtype))

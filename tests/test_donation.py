@@ -1,4 +1,4 @@
-"""An output written over an input nothing reads after it (``dead_inputs.py`` in the trace,
+"""An output written over an input nothing reads after it (``passes/dead_inputs.py`` in the trace,
 ``runtime/donation.py`` at run time): a loss backward's gradient over the logits it was
 the last to read, so that the two are never alive together. Never over a tensor the caller
 can still reach: one it holds, one it holds a view of, a cotangent, an input of the step.

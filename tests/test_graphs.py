@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten
 import thunder_fuser
 from test_decode import _decode_step
 from thunder_fuser.functionalize import AliasError
-from thunder_fuser.graphs import GraphWarning, graphed
+from thunder_fuser.cudagraphs.graphs import GraphWarning, graphed
 
 
 class RecordingGraphs:
@@ -93,7 +93,7 @@ class _CachedStep(torch.nn.Module):
 def test_a_cache_the_module_holds_and_swaps_captures_anew(torch_kernels):
     """The cache is no argument of the step: the module holds it, and the caller hands the
     module a new one midway. thunder's prologue fetches it each call; ``graphed`` refetches
-    what that prologue fetches (``held_tensors.py``), so the new cache's addresses capture a
+    what that prologue fetches (``cudagraphs/held_tensors.py``), so the new cache's addresses capture a
     new graph (a real graph would replay over the old cache: ``test_decode.py``'s cuda test
     shows that), and replays resume after it. A parameter is fetched too, an argument not."""
     ws = _weights()

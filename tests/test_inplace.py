@@ -112,7 +112,7 @@ def test_inplace_on_leaf_requiring_grad_raises():
 
 
 def test_fill_is_traced_like_zero():
-    # thunder 0.2.6 has no Tensor.fill_; thunder_fuser registers it (missing_torch_ops.py)
+    # thunder 0.2.6 has no Tensor.fill_; thunder_fuser registers it (patches/missing_torch_ops.py)
     def f(x, y):
         x[1:3].fill_(2.5)
         return x * y
@@ -142,7 +142,7 @@ def test_thunder_treats_two_views_of_one_base_as_one_tensor():
 
 def test_two_views_of_one_base_are_refused_before_anything_is_written():
     """Where thunder took inputs sharing storage for one tensor, fuser_ex's trace checks
-    first (``input_aliases.py``): different views raise, naming both, and write nothing."""
+    first (``passes/input_aliases.py``): different views raise, naming both, and write nothing."""
     base = torch.randn(6, 6)
     before = base.clone()
     jfn = thunder.jit(_views_of_one_base, executors=[fuser_ex])

@@ -10,7 +10,7 @@ from hypothesis import event, given, reject, settings
 from helpers import clone_tensor, compile_planned_kernels_to_ptx, kernel_examples
 from inplace_programs import make_arguments, programs
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels import segment_kernel
+from thunder_fuser.backends.cute import segment_kernel
 
 
 def _run(fn, alias, seed, device="cpu"):

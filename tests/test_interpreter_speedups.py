@@ -1,4 +1,4 @@
-"""thunder's interpreter with ``interpreter_speedups.py`` installed traces what it traced:
+"""thunder's interpreter with ``patches/interpreter_speedups.py`` installed traces what it traced:
 builtins resolve as CPython resolves them, a module's own names (tensors and numbers
 included) keep thunder's provenance and its prologue checks, and exceptions inside
 interpreted code still reach the program."""
@@ -11,7 +11,7 @@ import torch
 import thunder_fuser  # noqa: F401  (installs the speed-ups, before thunder)
 import thunder
 import thunder.core.interpreter as interpreter
-from thunder_fuser import interpreter_speedups
+from thunder_fuser.patches import interpreter_speedups
 
 SCALE = 2.0
 BIAS = torch.full((4,), 0.5)

@@ -27,9 +27,10 @@ from helpers import (
     check_vs_float64, integer_division, norm_backward, norm_backward_args, planned_parts, plans, signed_operands, three_shapes, TWO_LEVEL_RESIZES,
 )
 from thunder_fuser import explain, fuser_ex
-from thunder_fuser.kernels import backend, columns_geometry, pointwise_geometry, rows_geometry, segment_kernel
-from thunder_fuser.kernels.backend import KernelFallbackWarning
-from thunder_fuser.runtime import plan as plan_mod
+from thunder_fuser.backends.cute import backend, segment_kernel
+from thunder_fuser.backends.cute.tiling import columns_geometry, pointwise_geometry, rows_geometry
+from thunder_fuser.backends.cute.backend import KernelFallbackWarning
+from thunder_fuser.plan import plan as plan_mod
 
 
 def _plans(jfn):
@@ -500,7 +501,7 @@ def test_a_sum_over_the_rows_met_before_the_row_sum_keeps_a_segment_of_its_own(t
 
 
 def _fusions_of(jfn):
-    from thunder_fuser.explain import _fusions
+    from thunder_fuser.inspect.explain import _fusions
 
     return list(_fusions(thunder.last_traces(jfn)[-1]))
 
@@ -627,8 +628,8 @@ def test_fake_tensors_agree_with_the_views_a_call_passes(name):
     pytest.importorskip("cutlass")
     from cutlass.cute.typing import SymInt
 
-    from thunder_fuser.kernels.cute_memory import fake_operands
-    from thunder_fuser.kernels.base_maps import views_for_call
+    from thunder_fuser.backends.cute.dsl.cute_memory import fake_operands
+    from thunder_fuser.backends.cute.tiling.base_maps import views_for_call
 
     fn, make = FAMILIES[name]
     for p in planned_parts(fn, make()):
@@ -648,7 +649,7 @@ def test_fake_tensors_agree_with_the_views_a_call_passes(name):
 
 
 def _base_map_cases():
-    from thunder_fuser.kernels.base_maps import PRODUCT, BaseMap, Run
+    from thunder_fuser.backends.cute.tiling.base_maps import PRODUCT, BaseMap, Run
 
     q = torch.randn(2, 4, 16, 32)  # [batch, heads, positions, d]
     x = torch.randn(2, 16, 8)
@@ -677,9 +678,9 @@ def _base_map_cases():
 def test_base_maps_describe_merges_and_slices_of_the_base(case):
     """``base_maps.mode_map``: what the launch function builds from a base tensor instead
     of an ``as_strided`` per call, and that rebuilding it from the base gives the view."""
-    from thunder_fuser.kernels import torch_eval
-    from thunder_fuser.kernels.base_maps import mode_map
-    from thunder_fuser.kernels.operands import Geometry, Operand
+    from thunder_fuser.backends.cute import torch_eval
+    from thunder_fuser.backends.cute.tiling.base_maps import mode_map
+    from thunder_fuser.backends.cute.tiling.operands import Geometry, Operand
 
     base, view, ref_shape, expect = _base_map_cases()[case]
 
@@ -698,7 +699,7 @@ def test_base_maps_describe_merges_and_slices_of_the_base(case):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path):
-    from thunder_fuser.kernels import cache
+    from thunder_fuser.backends.cute import cache
 
     cache.clear_memory()
     fn, make = FAMILIES[name]
@@ -725,7 +726,7 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         # (``cute_memory.unroll``); the last pass's stores stream. Each pass's loop step is
         # emitted twice: unmasked for the steps inside the row, masked for the one after them
         # (LLVM may unroll a loop further: at least that many)
-        from thunder_fuser.kernels.cute_memory import LOOP_UNROLL, unroll
+        from thunder_fuser.backends.cute.dsl.cute_memory import LOOP_UNROLL, unroll
 
         (p,) = parts
         u = unroll(p.geo)
@@ -737,7 +738,7 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         # both passes load whole vectors, and the last stores them; each pass's edge vector,
         # shared with a neighbouring row, moves element by element (the loop steps twice
         # over, as above)
-        from thunder_fuser.kernels.cute_memory import unroll
+        from thunder_fuser.backends.cute.dsl.cute_memory import unroll
 
         (p,) = parts
         u, v = unroll(p.geo), p.geo.vector
@@ -757,7 +758,7 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
     if name.startswith("column reduction (#785"):
         # the finalize's lanes take consecutive columns (a split's loads coalesce) and its
         # groups of lanes merge: shuffles across groups only, then shared memory across warps
-        from thunder_fuser.kernels.partials import FINALIZE_COLUMNS
+        from thunder_fuser.backends.cute.families.partials import FINALIZE_COLUMNS
 
         finalize = ptx[ptx.index(".entry kernel_cutlass_finalize"):]
         offsets = [int(k) for k in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", finalize)]
@@ -789,7 +790,7 @@ def test_a_looped_rows_last_pass_streams_its_stores_and_marks_its_last_reads(ptx
     every row reads (the weight), so that the L2 keeps the rows other blocks have yet to
     re-read; there the passes before it load x with an L2 evict-last policy (the lines the
     last pass reads again), and elsewhere plainly."""
-    from thunder_fuser.kernels.cute_memory import LOOP_UNROLL
+    from thunder_fuser.backends.cute.dsl.cute_memory import LOOP_UNROLL
 
     def part(n):  # only x's bytes count towards the threshold, not the weight's
         fn = lambda x, w: torch.nn.functional.layer_norm(x, (n,), w)
@@ -1048,7 +1049,7 @@ sys.path.insert(0, "tests")
 import thunder_fuser  # noqa: F401
 from helpers import planned_parts
 from test_kernels import _r
-from thunder_fuser.kernels import backend, cache, segment_kernel
+from thunder_fuser.backends.cute import backend, cache, segment_kernel
 part = planned_parts(lambda x: x.exp() * 2, (_r(64, 256),))[0]
 while not os.path.exists(sys.argv[1]):  # both processes compile at the same moment
     time.sleep(0.01)

@@ -1,4 +1,4 @@
-"""Launch runs (``launch_runs.py``, ``runtime/launch_run.py``): region calls and the matmuls
+"""Launch runs (``thunder_transforms/launch_runs.py``, ``cudagraphs/launch_run.py``): region calls and the matmuls
 between them hand over their launches, and the run replays them as one graph keyed on all
 their pointers. What the trace says, that every value is eager's, that nothing launches out
 of order (a member that cannot hand over flushes the run first), and the bookkeeping of a
@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 import thunder_fuser
 from benchmarks.model_zoo import MODELS
-from thunder_fuser.launch_runs import LaunchRuns
-from thunder_fuser.runtime import region_graphs
-from thunder_fuser.runtime.launch_run import LaunchRun
+from thunder_fuser.thunder_transforms.launch_runs import LaunchRuns
+from thunder_fuser.cudagraphs import region_graphs
+from thunder_fuser.cudagraphs.launch_run import LaunchRun
 from test_straight_line import _runners
 
 
@@ -57,7 +57,7 @@ def _calls(jfn) -> list[str]:
 def _fixed_pointers(jfn, monkeypatch) -> None:
     """Every allocation of ``jfn``'s regions and runs at a fixed place, one tensor per shape,
     as a steady CUDA step allocates: the same pointers each call."""
-    from thunder_fuser.runtime import launch_run
+    from thunder_fuser.cudagraphs import launch_run
 
     pool: dict = {}
 
@@ -122,7 +122,7 @@ def test_a_run_flushes_after_the_del_past_which_it_would_hold_too_much(stand_in,
     """A deferred launch holds what it reads: where the trace deletes more of that than
     ``HELD_BYTES``, the run ends there (flushed, so it is freed where it was) and the rest
     makes a run of its own where it still has two launching calls."""
-    from thunder_fuser.runtime import launch_run
+    from thunder_fuser.cudagraphs import launch_run
 
     monkeypatch.setattr(launch_run, "HELD_BYTES", 0)
     assert _mlp_calls()[1] == [
@@ -145,7 +145,8 @@ def test_a_dead_input_the_runs_launches_hold_is_written_over_once_launched_if_la
     the last to read it. A large one is still written over once the run has launched what
     it held (a run must not cost the memory donation saves: ``runtime/donation.py``); a
     small one is not, and the run goes on."""
-    from thunder_fuser.runtime import launch_run, straight_line
+    from thunder_fuser.cudagraphs import launch_run
+    from thunder_fuser.runtime import straight_line
 
     monkeypatch.delenv("THUNDER_FUSER_DONATE", raising=False)
     seen, flushes = [], []

@@ -1,5 +1,5 @@
 """Outputs a matmul reads are laid out for it (``layout/matmul_operands.py``), and views a
-matmul would copy are stored by the kernel (``layout/stored_views.py``): the GPT block's
+matmul would copy are stored by the kernel (``plan/stored_views.py``): the GPT block's
 attention without its ten copies a step, and never at the cost of aliasing anyone can see."""
 
 import itertools
@@ -135,7 +135,7 @@ def test_the_attention_matmuls_read_every_operand_without_a_copy_on_kernels():
     """On CuTe DSL kernels, bf16, a ragged sequence: the same, with no segment falling back."""
     import warnings
 
-    from thunder_fuser.kernels.backend import KernelFallbackWarning
+    from thunder_fuser.backends.cute.backend import KernelFallbackWarning
 
     jfn = thunder.jit(_attention, executors=[fuser_ex])
     with warnings.catch_warnings():

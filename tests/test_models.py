@@ -22,7 +22,7 @@ import thunder_fuser
 from benchmarks.model_zoo import LITGPT, MODELS, MORE, MORE_LITGPT, batch, build
 from helpers import plans
 from thunder_fuser import fuser_ex
-from thunder_fuser.kernels.backend import KernelFallbackWarning
+from thunder_fuser.backends.cute.backend import KernelFallbackWarning
 
 pytest.importorskip("litgpt")
 pytest.importorskip("transformers")
@@ -148,7 +148,7 @@ def test_thunder_cannot_trace_a_transformers_model_with_its_kv_cache():
 def test_training_step_on_kernels(name, batch_size):
     """bf16 on generated kernels beside attention_ex (cuDNN's attention): eager's loss and
     gradients, no segment on the reference backend, no kernel warning; at batch 1 too. Four
-    steps: from the third the regions replay CUDA graphs (``runtime/region_graphs.py``)."""
+    steps: from the third the regions replay CUDA graphs (``cudagraphs/region_graphs.py``)."""
     assert _step_matches_eager(name, "cuda", torch.bfloat16, thunder_fuser.executors(), 3e-2,
                                batch_size=batch_size, steps=4) == []
 

@@ -418,7 +418,7 @@ def test_past_32_bits_a_pointwise_kernel_indexes_in_64_bits(backend, monkeypatch
     is lowered here to see it on the CPU (``test_tensors_past_2_31_elements_on_cuda`` runs
     the real sizes)."""
     from tests.helpers import planned_parts
-    from thunder_fuser.kernels import geometry
+    from thunder_fuser.backends.cute.tiling import geometry
 
     f, make = INDEX64_PROGRAMS[name]
     assert not any(p.geo.index64 for p in planned_parts(f, make("cpu")))
@@ -432,7 +432,7 @@ def test_past_32_bits_a_pointwise_kernel_indexes_in_64_bits(backend, monkeypatch
 @pytest.mark.parametrize("name", INDEX64_PROGRAMS)
 def test_past_32_bits_a_pointwise_kernel_compiles_to_ptx(monkeypatch, name):
     from tests.helpers import compile_planned_kernels_to_ptx
-    from thunder_fuser.kernels import geometry
+    from thunder_fuser.backends.cute.tiling import geometry
 
     monkeypatch.setattr(geometry, "INT32_LIMIT", 16)
     f, make = INDEX64_PROGRAMS[name]
@@ -452,7 +452,7 @@ def test_past_32_bits_a_reduction_runs_on_row_kernels_in_stages(backend, monkeyp
     too long viewed as ``[n / k, k]``; each stage on a kernel. The bound is lowered here
     (``test_tensors_past_2_31_elements_on_cuda`` runs the real sizes)."""
     from thunder_fuser.ir import long_reductions
-    from thunder_fuser.kernels import geometry
+    from thunder_fuser.backends.cute.tiling import geometry
 
     monkeypatch.setattr(geometry, "INT32_LIMIT", 64)
     monkeypatch.setattr(long_reductions, "INT32_LIMIT", 64)
@@ -467,7 +467,7 @@ def test_past_32_bits_what_no_stage_shortens_is_left_to_torch(backend, monkeypat
     are fine: a row's offset is 64-bit)."""
     from thunder_fuser import explain
     from thunder_fuser.ir import long_reductions
-    from thunder_fuser.kernels import geometry
+    from thunder_fuser.backends.cute.tiling import geometry
 
     monkeypatch.setattr(geometry, "INT32_LIMIT", 64)
     monkeypatch.setattr(long_reductions, "INT32_LIMIT", 64)
@@ -514,7 +514,8 @@ def test_tensors_past_2_31_elements_on_cuda(case):
 def test_64_bit_pointwise_kernels_on_cuda(monkeypatch, name):
     """The 64-bit variant of each pointwise template on small tensors (the bound lowered),
     every fresh output starting as NaN so that an unwritten element fails."""
-    from thunder_fuser.kernels import geometry, segment_kernel
+    from thunder_fuser.backends.cute.tiling import geometry
+    from thunder_fuser.backends.cute import segment_kernel
 
     monkeypatch.setattr(geometry, "INT32_LIMIT", 16)
     monkeypatch.setattr(segment_kernel, "FILL_NAN", True)
@@ -580,7 +581,7 @@ def test_an_op_over_a_cat_reshaped_through_its_cat_dim_is_not_computed_with(back
     """A mean over a dim of two (rewritten as two slices added) of ``minimum(cat(...), a)``,
     each slice reshaped so that the cat dim goes: the reshape pushed through the ``minimum``
     turned its cat operand into a value that can only be stored, and the lowered programs
-    computed with it (``TypeError: Reshaped`` in ``kernels/torch_eval.py``; found by the CPU
+    computed with it (``TypeError: Reshaped`` in ``backends/cute/torch_eval.py``; found by the CPU
     hunt of the lowered programs). Such an op is now itself stored through the reshape, and a
     segment that computes with it runs on the reference backend, saying why."""
     def f(a):
@@ -591,3 +592,16 @@ def test_an_op_over_a_cat_reshaped_through_its_cat_dim_is_not_computed_with(back
         return t1.mean(-3), t2
 
     check_vs_eager(f, torch.randn(2, 1, 5, 1, dtype=torch.float16))
+
+
+def test_a_later_launch_of_a_segment_never_reads_what_an_earlier_one_wrote_in_place(backend):
+    """``a.add_(a)`` and a column sum beside it, read after the sum: the segment runs as a
+    reduction, then a pointwise launch that computed ``a + a`` again from ``a``'s memory,
+    which the first launch had already written (``4a`` for ``2a``; found by the thorough
+    property of the lowered programs). Such a segment now runs on the reference backend."""
+    def f(a, b):
+        a.add_(a)
+        t = torch.tanh(torch.tanh(b).sum(0, keepdim=True))
+        return (t + a,)
+
+    check_vs_eager(f, torch.randn(2, 1, 1, 2), torch.randn(2, 1, 1, 2))

@@ -71,7 +71,7 @@ def rows_split_early():
     """Every row reduction whose rows hold at least 2 x 64 vectors splits them across blocks
     of 64 threads (``rows_geometry.SPLIT_MIN``), however many rows: the random programs' rows
     (up to 4097 elements) then take the split-row kernels."""
-    from thunder_fuser.kernels import rows_geometry
+    from thunder_fuser.backends.cute.tiling import rows_geometry
 
     mp = pytest.MonkeyPatch()
     mp.setattr(rows_geometry, "SPLIT_BLOCKS_PER_SM", 2**20)

@@ -1,4 +1,4 @@
-"""thunder's prologue checks batched into one call (``thunder_fuser/prologue.py``): the same
+"""thunder's prologue checks batched into one call (``thunder_fuser/transforms/prologue.py``): the same
 inputs pass, any change a check of thunder's would catch still misses the cache (and the
 call retraces and matches eager), and a failed check raises thunder's own error."""
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import thunder_fuser
-from thunder_fuser.prologue import _check_inputs, _EXPECTED, batch_checks, check_inputs
+from thunder_fuser.thunder_transforms.prologue import _check_inputs, _EXPECTED, batch_checks, check_inputs
 
 
 class Scaled(nn.Module):

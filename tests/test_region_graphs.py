@@ -1,5 +1,5 @@
 """A region call's launches replayed as a graph keyed on their pointers
-(``runtime/region_graphs.py``): what the generated code says, when a key is captured,
+(``cudagraphs/region_graphs.py``): what the generated code says, when a key is captured,
 replayed or launched plainly, and that whole training steps stay eager's with it. Off a
 GPU the graphs are ``StandIn``'s, which check that every tensor a launch reads has its
 pointer in the key; the ``cuda`` tests replay real CUDA graphs."""
@@ -14,7 +14,7 @@ import thunder_fuser
 from benchmarks.model_zoo import MODELS
 from benchmarks.workloads import gelu_bias
 from helpers import check_vs_eager
-from thunder_fuser.runtime import region_graphs
+from thunder_fuser.cudagraphs import region_graphs
 from test_straight_line import GELU_SOURCE, _runners
 
 

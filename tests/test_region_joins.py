@@ -1,5 +1,5 @@
 """Fewer regions per step: ops of other executors hoisted out of the way of our regions
-(``thunder_fuser/hoist_externs.py``), ``x.contiguous()`` claimed as ``stride_order``, and a
+(``thunder_fuser/passes/hoist_externs.py``), ``x.contiguous()`` claimed as ``stride_order``, and a
 write into a region's own temporary elided (transformers' causal mask). Each is checked
 against eager, and for the region count the program's trace gives."""
 

@@ -1,5 +1,5 @@
 """Rematerialization: a forward fusion stores only what its backward cannot cheaply
-recompute, and a trace that writes in place keeps every value it computed (``rematerialize.py``)."""
+recompute, and a trace that writes in place keeps every value it computed (``passes/rematerialize.py``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``fuser_scale_unless_one`` (``kernels/scale_unless_one.py``): the two-pass cross-entropy's
+"""``fuser_scale_unless_one`` (``backends/cute/families/scale_unless_one.py``): the two-pass cross-entropy's
 backward scales the gradient its forward wrote, in place, unless the cotangent is one,
 which the kernel checks on the device (no host sync)."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from thunder_fuser.kernels import compile_workers
-from thunder_fuser.kernels import scale_unless_one as scaling
-from thunder_fuser.kernels.scale_unless_one import build, scale_unless_one_
+from thunder_fuser.backends.cute import compile_workers
+from thunder_fuser.backends.cute.families import scale_unless_one as scaling
+from thunder_fuser.backends.cute.families.scale_unless_one import build, scale_unless_one_
 
 
 @pytest.mark.parametrize("g", [1.0, 0.25, -3.0])
@@ -35,7 +35,7 @@ def test_while_a_worker_compiles_the_kernel_torch_scales_then_the_kernel_launche
     worker rather than compiling it in the training process, and multiplies with torch, as
     the kernel would (one rounding); the next call waits for the worker and launches."""
     queued, launched = [], []
-    monkeypatch.setattr(compile_workers, "submit_call", lambda digest, call, arch: queued.append(call[2]) or True)
+    monkeypatch.setattr(compile_workers, "submit", lambda digest, call, arch: queued.append(call()[2]) or True)
     monkeypatch.setattr(compile_workers, "wait", lambda digest: None)
 
     def kernel_stand_in(dtype, gdtype, v, arch, directory=None):

@@ -15,7 +15,7 @@ from helpers import check_vs_eager
 from thunder_fuser import explain, fuser_ex
 from thunder_fuser.backends.reference import run_nodes
 from thunder_fuser.ir.region import Node, Region, Value
-from thunder_fuser.printing import op_line
+from thunder_fuser.inspect.printing import op_line
 from thunder_fuser.segment import schedule_segments, segment_region
 
 FULL, ROWS, COLS = (4, 6), (4,), (6,)
@@ -150,7 +150,7 @@ def test_a_layernorm_backward_takes_its_weight_and_bias_gradients_per_column_bes
     import torch.nn.functional as F
 
     from helpers import check_gradients
-    from thunder_fuser.explain import _fusions
+    from thunder_fuser.inspect.explain import _fusions
 
     def ln(x, w, b):
         return F.layer_norm(x, (256,), w, b)

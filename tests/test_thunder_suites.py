@@ -71,7 +71,7 @@ def test_thunder_inplace_suites_with_fuser_ex(kernels):
 
 def test_thunders_interpreter_suites_with_our_speedups():
     """thunder/tests/test_interpreter.py and test_jit_general.py, with thunder's own
-    executors and ``interpreter_speedups.py`` installed (the package's import installs it):
+    executors and ``patches/interpreter_speedups.py`` installed (the package's import installs it):
     the interpreter we change traces what thunder's own tests expect. One test is left
     out: ``test_autograd_function_apply`` calls torch's ``autograd_function_apply`` without
     the ``saved_for_backward_idx`` torch 2.13 requires, so it raises in eager torch, with or

@@ -18,13 +18,13 @@ with warnings.catch_warnings():  # thunder's, on every import without transforme
     import thunder  # noqa: E402, F401
 
 from thunder_fuser.attention import attention_ex  # noqa: E402
-from thunder_fuser.compile_gc import hold_gc_while_compiling  # noqa: E402
+from thunder_fuser.patches.compile_gc import hold_gc_while_compiling  # noqa: E402
 from thunder_fuser.executor import fuser_ex  # noqa: E402
-from thunder_fuser.explain import explain  # noqa: E402
-from thunder_fuser.graphs import graphed  # noqa: E402
-from thunder_fuser.interpreter_speedups import speed_up_thunders_interpreter  # noqa: E402
-from thunder_fuser.meta_dummy import cheapen_thunders_meta_dummies  # noqa: E402
-from thunder_fuser.missing_torch_ops import register_missing_torch_ops  # noqa: E402
+from thunder_fuser.inspect.explain import explain  # noqa: E402
+from thunder_fuser.cudagraphs.graphs import graphed  # noqa: E402
+from thunder_fuser.patches.interpreter_speedups import speed_up_thunders_interpreter  # noqa: E402
+from thunder_fuser.patches.meta_dummy import cheapen_thunders_meta_dummies  # noqa: E402
+from thunder_fuser.patches.missing_torch_ops import register_missing_torch_ops  # noqa: E402
 from thunder_fuser.patches import apply_patches  # noqa: E402
 
 register_missing_torch_ops()
@@ -39,7 +39,7 @@ def executors() -> list:
     ``sdpa_ex`` for the attention calls ours declines (a mask, dropout), then ``fuser_ex``."""
     from thunder.executors.sdpaex import sdpa_ex
 
-    from thunder_fuser.kernels import compile_workers
+    from thunder_fuser.backends.cute import compile_workers
 
     # on a CUDA machine the workers' imports (8-15 s on the H100 host) then overlap thunder's
     # tracing of the first call rather than follow it
@@ -49,21 +49,21 @@ def executors() -> list:
 
 def transforms(launch_runs: bool | None = None) -> list:
     """The transforms a model runs with: ``FastPrologue`` checks thunder's inputs in one
-    call (``prologue.py``), and ``LaunchRuns`` replays the launches of region calls and the
-    matmuls between them as one CUDA graph (``launch_runs.py``; on a CUDA trace only).
+    call (``thunder_transforms/prologue.py``), and ``LaunchRuns`` replays the launches of region calls and the
+    matmuls between them as one CUDA graph (``thunder_transforms/launch_runs.py``; on a CUDA trace only).
     ``thunder.jit(model, executors=executors(), transforms=transforms())``.
 
     ``launch_runs`` (default: on, unless ``THUNDER_FUSER_LAUNCH_RUNS=0``): what runs buy
     and what they cost (one cuBLAS workspace per process, 32 MiB on the H100) is in
-    ``runtime/launch_run.py``."""
+    ``cudagraphs/launch_run.py``."""
     from thunder_fuser import config
-    from thunder_fuser.prologue import FastPrologue
+    from thunder_fuser.thunder_transforms.prologue import FastPrologue
 
     if launch_runs is None:
         launch_runs = config.flag("THUNDER_FUSER_LAUNCH_RUNS")
     if not launch_runs:
         return [FastPrologue()]
-    from thunder_fuser.launch_runs import LaunchRuns
+    from thunder_fuser.thunder_transforms.launch_runs import LaunchRuns
 
     return [FastPrologue(), LaunchRuns()]
 

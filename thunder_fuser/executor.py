@@ -23,19 +23,19 @@ from thunder.executors.passes import update_fusion_call_ctx
 from thunder.executors.utils import Region as ThunderRegion
 from thunder.extend import FusionExecutor, register_executor
 
-from thunder_fuser import debug
+from thunder_fuser.inspect import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
-from thunder_fuser.dead_inputs import dead_inputs
-from thunder_fuser.eager_decompositions import eager_decompositions
-from thunder_fuser.eager_decompositions import register as register_eager_rules
-from thunder_fuser.hoist_externs import contiguous_of_resizes, dissolve_runs, hoist_externs, hoist_views
-from thunder_fuser.index_copy_in_place import in_place_index_copies
-from thunder_fuser.input_aliases import with_alias_guard
-from thunder_fuser.narrow_loss_gradient import narrow_loss_gradients
-from thunder_fuser.rematerialize import rematerialize_if_safe, writes_in_place
+from thunder_fuser.passes.dead_inputs import dead_inputs
+from thunder_fuser.passes.eager_decompositions import eager_decompositions
+from thunder_fuser.passes.eager_decompositions import register as register_eager_rules
+from thunder_fuser.passes.hoist_externs import contiguous_of_resizes, dissolve_runs, hoist_externs, hoist_views
+from thunder_fuser.passes.index_copy_in_place import in_place_index_copies
+from thunder_fuser.passes.input_aliases import with_alias_guard
+from thunder_fuser.passes.narrow_loss_gradient import narrow_loss_gradients
+from thunder_fuser.passes.rematerialize import rematerialize_if_safe, writes_in_place
 from thunder_fuser.rules.cross_entropy import STANDALONE
 from thunder_fuser.rules.cross_entropy import register as register_losses
-from thunder_fuser.trace_notes import lift_notes, place_notes
+from thunder_fuser.passes.trace_notes import lift_notes, place_notes
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
@@ -45,9 +45,9 @@ from thunder_fuser.ir.reshape_first import reshape_first
 from thunder_fuser.ir.same_values import same_values
 from thunder_fuser.ir.scalar_broadcasts import read_scalars_unbroadcast
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
-from thunder_fuser.kernels import compile_workers
+from thunder_fuser.backends.cute import compile_workers
 from thunder_fuser.layout import matmul_reads
-from thunder_fuser.printing import op_line, segment_lines
+from thunder_fuser.inspect.printing import op_line, segment_lines
 from thunder_fuser.runtime.region_runner import RegionRunner, region_runner
 from thunder_fuser.runtime.straight_line import StraightLineWarning
 from thunder_fuser.segment import segment_region

@@ -12,7 +12,7 @@ and a split row over their 32768 partial sums; a single dim too long is first vi
 Only sums, maxima, minima and products are staged (each is its own combine; var is not).
 A sum of 16-bit floats keeps its partial sums in fp32 and rounds once at the end. A dim
 whose length has no divisor that keeps both stages below 2**31 (a prime) is left as it is,
-and torch runs that segment, saying why (``kernels/geometry.needs_64bit_indices``).
+and torch runs that segment, saying why (``backends/cute/tiling/geometry.needs_64bit_indices``).
 """
 
 from __future__ import annotations

@@ -135,10 +135,10 @@ class Region:
     # output name -> how a matmul after the region reads it (``layout/matmul_operands.py``)
     matmul_reads: dict[str, str] = field(default_factory=dict)
     # outputs whose aliasing nothing can observe (the trace writes nothing in place and does
-    # not return them): a view among them may be stored as a copy (``layout/stored_views.py``)
+    # not return them): a view among them may be stored as a copy (``plan/stored_views.py``)
     copyable_outputs: frozenset[str] = frozenset()
     # inputs nothing after the region reads, which an output may be written over where only
-    # the trace holds them (``dead_inputs.py``, ``runtime/donation.py``)
+    # the trace holds them (``passes/dead_inputs.py``, ``runtime/donation.py``)
     dead_inputs: frozenset[str] = frozenset()
 
     def producers(self) -> dict[int, Node]:

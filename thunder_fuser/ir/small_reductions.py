@@ -4,7 +4,7 @@ The grouped-query expand's backward sums the gradient of ``k.repeat_interleave(r
 over ``r`` (4 in Llama-3, 7 in Qwen2): ``[b, g, r, s, e] -> [b, g, s, e]``, a reduced dim
 between kept ones. No row kernel takes it (the reduced dim is not innermost) and no column
 kernel either (the kept dims are two runs apart), so it ran on the reference backend, once
-per layer (issue 30). Written as ``x[:, :, 0] + x[:, :, 1] + ...`` it is pointwise: each
+per layer. Written as ``x[:, :, 0] + x[:, :, 1] + ...`` it is pointwise: each
 slice is a strided view the kernel reads as it is, the sum joins the pointwise work around
 it (the RoPE backward that follows), and it reads each element once, as a reduction would.
 Only such reductions are rewritten: with kept dims on both sides of the reduced ones;

@@ -24,6 +24,7 @@ from torch._prims_common import are_strides_like_channels_last_or_false
 
 from thunder_fuser.ir.ops import kind_of
 from thunder_fuser.ir.region import Node, Region, Value
+from thunder_fuser.ir.torch_impls import REFERENCE_IMPLS, strides_for_order
 from thunder_fuser.layout.reshape_groups import reshape_groups
 
 # An atom says: this dim is (part ``part`` of ``nparts`` of) dim ``dim`` of region input ``inp``.
@@ -36,15 +37,6 @@ def stride_order(shape, strides) -> tuple[int, ...]:
     logical order, so a contiguous tensor gives ``(0, 1, ..., n-1)``."""
     n = len(shape)
     return tuple(sorted(range(n), key=lambda d: (-strides[d] if shape[d] != 1 else 0, d if shape[d] != 1 else -1)))
-
-
-def strides_for_order(shape, order) -> tuple[int, ...]:
-    strides = [0] * len(shape)
-    acc = 1
-    for d in reversed(order):
-        strides[d] = acc
-        acc *= max(shape[d], 1)
-    return tuple(strides)
 
 
 def _node_dim_map(node: Node, operand: Value) -> list[list[tuple[int, int, int]]]:
@@ -243,8 +235,6 @@ _VIEWS = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy",
 def _view_strides(node: Node, src: Value, strides) -> tuple[int, ...] | None:
     """The strides of view ``node`` of ``src`` (laid out at ``strides``), as torch views it,
     or None where torch would copy or the op fails on a meta tensor."""
-    from thunder_fuser.backends.reference import REFERENCE_IMPLS
-
     try:
         base = torch.empty_strided(src.shape, strides, dtype=src.dtype, device="meta")
         v = REFERENCE_IMPLS[node.op](base, *node.args[1:], **node.kwargs)

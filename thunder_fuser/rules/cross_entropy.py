@@ -87,7 +87,7 @@ class _Rows:
         valid = ltorch.ne(t, ignore_index)
         self.valid = ltorch.to(valid, dtypes.float32)  # [N]
         # the target's column as a compare per element (a row kernel reads the one element
-        # instead: kernels/rows._target_picks), in 32 bits where the classes allow: 64-bit
+        # instead: backends/cute/families/rows._target_picks), in 32 bits where the classes allow: 64-bit
         # integer arithmetic takes several instructions per element. A row that does not
         # count compares with -1, which no column is. The index is computed over the
         # broadcast targets, [N, C], so that it is work of the row kernel over the logits
@@ -295,8 +295,8 @@ def _scale_impl(grad, g):
     sync). The tensor remembers its scale on itself (torch keeps a tensor's Python object,
     attributes included, while autograd holds it). Its version counter is kept: the write is
     the rule's own, not a user's change of a saved tensor."""
-    from thunder_fuser.kernels.backend import cute_on
-    from thunder_fuser.kernels.scale_unless_one import scale_unless_one_
+    from thunder_fuser.backends.cute.backend import cute_on
+    from thunder_fuser.backends.cute.families.scale_unless_one import scale_unless_one_
 
     applied = getattr(grad, _APPLIED, None)
     with torch.autograd._unsafe_preserve_version_counter(grad):

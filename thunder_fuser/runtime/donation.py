@@ -1,4 +1,4 @@
-"""The run-time half of writing an output over a dead input (``dead_inputs.py``): a tensor
+"""The run-time half of writing an output over a dead input (``passes/dead_inputs.py``): a tensor
 the trace deems dead may still be held elsewhere (the caller kept the logits it returned, a
 view shares its storage), so the generated code (``straight_line.py``) writes over it only
 where ``donated`` finds it held by the trace alone, and otherwise allocates as before.
@@ -33,11 +33,14 @@ def _refs(t) -> int:  # shaped as ``donated``: one frame, the tensor its only ar
     return sys.getrefcount(t)
 
 
+# the class thunder calls a fusion through: ``runtime/region_runner.py`` names it as it is
+# defined (this module comes before it: the runner's generated code calls ``donated``)
+RUNNER_CLASS: type | None = None
+
+
 def _structural_refs() -> int:
     """The reference count ``donated`` sees for a tensor that only the trace holds, called
     through a region runner from a trace's generated code, as thunder calls fusions."""
-    from thunder_fuser.runtime.region_runner import RegionRunner
-
     seen = []
 
     def run(args):
@@ -45,7 +48,7 @@ def _structural_refs() -> int:
         seen.append(_refs(a0))
         return [a0]
 
-    runner = RegionRunner.__new__(RegionRunner)
+    runner = RUNNER_CLASS.__new__(RUNNER_CLASS)
     runner.fast = run
     glob = {"runner": runner, "empty": torch.empty}
     exec(compile("def computation():\n    t0 = empty(0)\n    (t1,) = runner(t0)\n    del t0\n    return t1\n",

@@ -14,10 +14,11 @@ from collections import OrderedDict
 
 import torch
 
-from thunder_fuser.compile_gc import held
+from thunder_fuser.patches.compile_gc import held
 from thunder_fuser.ir.region import Region
 from thunder_fuser.backends.reference import run_nodes
-from thunder_fuser.runtime.plan import Plan, build_plan, plain_tensors, spec_key
+from thunder_fuser.runtime import donation
+from thunder_fuser.plan.plan import Plan, build_plan, plain_tensors, spec_key
 from thunder_fuser.runtime.straight_line import straight_line
 from thunder_fuser.segment import Segment
 from thunder_fuser import config
@@ -40,7 +41,7 @@ class RegionRunner:
         # after its first call; it returns None for a call it does not fit
         self.fast = None
         self.fast_tried = False
-        # the ``LaunchRun`` this region's calls hand their launches to (``launch_runs.py``)
+        # the ``LaunchRun`` this region's calls hand their launches to (``thunder_transforms/launch_runs.py``)
         self.run = None
 
     def plan_for(self, args) -> Plan:
@@ -119,6 +120,9 @@ class RangedRegionRunner(RegionRunner):
     def __call__(self, *args):
         with torch.profiler.record_function(self.__name__):
             return self.call(args)
+
+
+donation.RUNNER_CLASS = RegionRunner
 
 
 def region_runner(region: Region, segments: list[Segment]) -> RegionRunner:

@@ -24,14 +24,15 @@ import warnings
 import torch
 
 from thunder_fuser.backends import reference
+from thunder_fuser.backends.cute import segment_kernel
+from thunder_fuser.backends.cute.segment_kernel import LaunchGroup, SegmentKernel
+from thunder_fuser.cudagraphs import region_graphs
 from thunder_fuser.ir.ops import METADATA
 from thunder_fuser.ir.region import Value
-from thunder_fuser.kernels import segment_kernel
-from thunder_fuser.kernels.segment_kernel import LaunchGroup, SegmentKernel
+from thunder_fuser.ir.torch_impls import REFERENCE_IMPLS
 from thunder_fuser.layout import strides_for_order
-from thunder_fuser.runtime import region_graphs
 from thunder_fuser.runtime.donation import donated, donating
-from thunder_fuser.runtime.plan import PLAIN_TENSOR_TYPES, conform_output
+from thunder_fuser.plan.plan import PLAIN_TENSOR_TYPES, conform_output
 
 
 def _direct_view(n) -> bool:
@@ -102,7 +103,7 @@ def _view_on_meta(n, m: torch.Tensor) -> torch.Tensor | None:
     """The view node ``n`` takes of the meta tensor ``m``, or None where it would copy (a
     reshape copies where the strides do not allow a view) or the op fails on meta."""
     try:
-        v = reference.REFERENCE_IMPLS[n.op](m, *n.args[1:])
+        v = REFERENCE_IMPLS[n.op](m, *n.args[1:])
     except Exception:  # noqa: BLE001 - no meta layout: unknown, as a copy
         return None
     ok = isinstance(v, torch.Tensor) and v.device.type == "meta" and v.dtype == m.dtype and v._is_view()
@@ -624,7 +625,7 @@ class _Writer:
                 src = self.name(id(n.args[0]))
                 if src is None:
                     raise _Unfit("a value the code does not hold")
-                fn = self.const(reference.REFERENCE_IMPLS[n.op], n.op)
+                fn = self.const(REFERENCE_IMPLS[n.op], n.op)
                 rest = "".join(", " + self.const(a, "arg") for a in n.args[1:])
                 out = self.local(id(n.output))
                 self.body.append(_View(f"{out} = {fn}({src}{rest})", n.op, out, src, self.surely_view(n, src, out)))

@@ -45,7 +45,7 @@ class Segment:
     split_from: Segment | None = None
     reads: set = field(default_factory=set)  # ids of every value its nodes read
     # ids of outputs that are views but are stored by the kernel all the same (a plan's
-    # choice: ``layout/stored_views.py``)
+    # choice: ``plan/stored_views.py``)
     stored_views: frozenset = frozenset()
 
     def split_text(self) -> str | None:

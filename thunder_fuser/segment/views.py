@@ -5,7 +5,7 @@ A segment output that is a view of a segment input or of another output (a resha
 the kernel's result, SDPA's q, k and v as views of a QKV projection) is not stored by the
 kernel: torch makes it on the tensors the kernel wrote, so that it aliases its source as
 in eager, unless a plan chooses to store it (``Segment.stored_views``,
-``layout/stored_views.py``).
+``plan/stored_views.py``).
 """
 
 from __future__ import annotations
