@@ -1,6 +1,7 @@
-"""Two training steps of a model under thunder's DDP or FSDP, one process per rank (gloo on
-the CPU, NCCL on GPUs), and the same two steps in one process: what
-``tests/test_distributed.py`` compares. A module of its own, so spawned ranks import it."""
+"""Three training steps of a model under thunder's DDP or FSDP, AdamW stepping between them
+(parameters change, shards are gathered again), one process per rank (gloo on the CPU, NCCL
+on GPUs), and the same steps in one process: what ``tests/test_distributed.py`` compares.
+A module of its own, so spawned ranks import it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ def _model(device, dtype):
 def _data(built, world: int, device):
     from benchmarks.model_zoo import batch
 
-    return [batch(built, ROWS_PER_RANK * world, 16, device=device, seed=s) for s in (1, 2)]
+    return [batch(built, ROWS_PER_RANK * world, 16, device=device, seed=s) for s in (1, 2, 3)]
+
+
+def _optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-2)
 
 
 def reference(world: int, device="cpu", dtype=torch.float32) -> dict:
@@ -30,7 +35,7 @@ def reference(world: int, device="cpu", dtype=torch.float32) -> dict:
     the mean over the batch, and DDP's averaged gradients are the batch's)."""
     built = _model(device, dtype)
     m = built.module
-    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    opt = _optimizer(m.parameters())
     out = {"losses": [], "grads": []}
     for idx, targets in _data(built, world, device):
         loss = m(idx, targets)
@@ -44,8 +49,11 @@ def reference(world: int, device="cpu", dtype=torch.float32) -> dict:
     return out
 
 
-def rank_steps(rank: int, world: int, mode: str, port: int, queue, device_type: str = "cpu") -> None:
-    """One rank: two steps of its rows through thunder + fuser under ``mode``; puts
+def rank_steps(rank: int, world: int, mode: str, port: int, queue, device_type: str = "cpu",
+               recommended: bool = True) -> None:
+    """One rank: three steps of its rows through thunder + fuser under ``mode``, by the
+    README's recommended call (``executors()`` and ``transforms()``, or ``executors()``
+    alone where ``recommended`` is False); puts
     (rank, losses, per step the gradients as this rank holds them, traces' facts) on ``queue``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
@@ -64,15 +72,17 @@ def rank_steps(rank: int, world: int, mode: str, port: int, queue, device_type: 
         dtype = torch.float32
         built = _model(device, dtype)
         m = built.module
-        executors = thunder_fuser.executors()
+        options = dict(executors=thunder_fuser.executors())
+        if recommended:  # the README's call: our transforms too
+            options["transforms"] = thunder_fuser.transforms()
         if mode == "ddp":
-            jm = ddp(thunder.jit(m, executors=executors))
+            jm = ddp(thunder.jit(m, **options))
         else:
             strategy = FSDPType.ZERO3 if "zero3" in mode else FSDPType.ZERO2
             bucketing = FSDPBucketingStrategy.BLOCK if "bucketed" in mode else FSDPBucketingStrategy.NONE
-            jm = fsdp(thunder.jit(m, executors=executors), device=device, sharding_strategy=strategy,
+            jm = fsdp(thunder.jit(m, **options), device=device, sharding_strategy=strategy,
                       bucketing_strategy=bucketing)
-        opt = torch.optim.SGD(jm.parameters(), lr=0.5)
+        opt = _optimizer(jm.parameters())
         rows = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
         losses, grads = [], []
         for idx, targets in _data(built, world, device):

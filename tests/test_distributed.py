@@ -1,6 +1,13 @@
-"""fuser_ex under thunder's DDP and FSDP (issue 34): two ranks, each its own process, train a
-tiny litgpt Llama two steps on their rows; every rank's losses and gradients must equal one
-process stepping the whole batch, and no fuser region may claim a collective or its wait.
+"""thunder + fuser under thunder's DDP and FSDP, through the README's recommended call
+(``executors()`` and ``transforms()``): two ranks, each its own process, train a tiny litgpt
+Llama three steps on their rows, AdamW stepping between them; every rank's losses and
+gradients must equal one process stepping the whole batch, and no fuser region may claim a
+collective or its wait.
+
+The recommended call's transforms are what the GPU met and these tests once left out:
+``FastPrologue`` batched the prologue's checks before FSDP's transform gave each sharded
+parameter its shard's shape, so every call failed its prologue check (the CPU reproduces it
+through gloo: ``expected tensor with (512, 64) ... got (256, 64)``).
 On the CPU through gloo (CI); on two GPUs through NCCL (``cuda``, where a machine has two).
 
 thunder's own distributed suites (``thunder/tests/distributed``) run only on CUDA with NCCL and
@@ -77,8 +84,8 @@ def _check(mode: str, device_type: str) -> None:
 
 @pytest.mark.parametrize("mode", distributed_steps.MODES)
 def test_two_ranks_step_as_one_process_on_gloo(mode, torch_kernels):
-    """CPU, gloo: DDP, FSDP ZERO2, ZERO3 and ZERO3 with block bucketing, two steps (an SGD
-    step between them), each rank's losses and gradients against one process."""
+    """CPU, gloo: DDP, FSDP ZERO2, ZERO3 and ZERO3 with block bucketing, three steps (AdamW
+    between them), each rank's losses and gradients against one process."""
     _check(mode, "cpu")
 
 

@@ -26,6 +26,7 @@ import operator
 
 import torch
 from thunder.core import prims
+from thunder.core.compile_data import get_compile_data
 from thunder.core.proxies import NumberProxy
 from thunder.core.trace import from_trace, TraceProvenance
 from thunder.core.transform_common import Transform
@@ -106,8 +107,38 @@ def batch_checks(prologue):
     return out
 
 
+def _rewrites_the_prologue(t: Transform) -> bool:
+    return (type(t).transform_traces_pre_prologue is not Transform.transform_traces_pre_prologue
+            and not isinstance(t, (FastPrologue, _BatchLast)))
+
+
 class FastPrologue(Transform):
-    """Batches the prologue's input checks (module docstring)."""
+    """Batches the prologue's input checks (module docstring).
+
+    It must batch the prologue as the last transform leaves it: a transform after it that
+    rewrites the checks (thunder's FSDP gives each sharded parameter its shard's shape;
+    ``fsdp(thunder.jit(model, transforms=transforms()))`` puts FSDP after us) would not find
+    them inside ``fuser_check_inputs``, which would then expect the unsharded shapes. Where
+    such a transform follows, this one batches nothing and puts a batching step at the end
+    of the function's transforms, once (thunder runs the list in order and reads its length
+    as it goes)."""
+
+    def __init__(self):
+        self._last = _BatchLast()
+
+    def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
+        cd = get_compile_data()
+        transforms = getattr(cd, "transforms", None) or []
+        at = next((i for i, t in enumerate(transforms) if t is self), None)
+        if at is not None and any(_rewrites_the_prologue(t) for t in transforms[at + 1:]):
+            if not any(t is self._last for t in transforms):
+                transforms.append(self._last)
+            return prologue_trace, computation_trace, epilogue_trace
+        return batch_checks(prologue_trace), computation_trace, epilogue_trace
+
+
+class _BatchLast(Transform):
+    """``FastPrologue``'s batching, run after every transform that rewrites the prologue."""
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         return batch_checks(prologue_trace), computation_trace, epilogue_trace
