@@ -1,17 +1,22 @@
-"""Training steps on several GPUs (issue 34): tokens/s per contender, scaling from one GPU,
-and how much of the communication runs under compute.
+"""Training steps on several GPUs: tokens/s per contender, scaling from one GPU, how much of
+the communication runs under compute, memory per GPU, and each step's loss against thunder's
+own executors.
 
-    python -m benchmarks.distributed --out DIR [--model pythia-410m --layers 2 --seq 1024]
+    python -m benchmarks.distributed --out DIR [--model Llama-3.2-1B --layers 16 --seq 2048]
 
 Spawns one process per GPU (NCCL; on a machine without GPUs, two CPU processes over gloo: the
-harness's smoke test, whose timings mean nothing). Contenders, each sharding its parameters
-ZERO3-style: thunder + fuser under ``thunder.distributed.fsdp`` (ZERO2 and ZERO3),
-thunder + torch.compile executor under the same, and torch.compile of the model wrapped in
-PyTorch's FSDP2 (``fully_shard``). Each rank steps its own rows (``--batch`` per rank); step
-time is the median over ``--steps`` steps; one step runs under torch.profiler, and on GPUs
-the fraction of the NCCL kernels' time that overlaps a compute kernel on the device timeline
-is "hidden". A one-process run of thunder + fuser gives the scaling. Writes
-``distributed.json`` and prints a table last.
+harness's smoke test, whose timings mean nothing). Contenders, each sharding its parameters:
+thunder + fuser under ``thunder.distributed.fsdp`` (ZERO2 and ZERO3, the README's recommended
+call), thunder with its default executors under the same (ZERO3), and torch.compile of the
+model wrapped in PyTorch's FSDP2 (``fully_shard`` per block). Every step runs AdamW over the
+rank's parameters (``--optimizer none``: gradients only). Each rank steps its own rows
+(``--batch`` per rank, seeded by rank, the same for every contender); step time is the median
+over ``--steps`` steps; one step runs under torch.profiler, and on GPUs the fraction of the
+NCCL kernels' time that overlaps a compute kernel on the device timeline is "hidden". Peak is
+the most memory allocated on rank 0 during the timed steps; held is what stays allocated
+between steps. One-process runs of thunder + fuser and torch.compile give the scaling (a
+model one GPU cannot hold records the out-of-memory error there). Writes ``distributed.json``
+and prints a table last.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import torch
 
 from benchmarks import cli
 
-CONTENDERS = ("thunder+fuser zero2", "thunder+fuser zero3", "thunder+torchcompile zero3", "torch.compile + FSDP2")
+CONTENDERS = ("thunder+fuser zero2", "thunder+fuser zero3", "thunder zero3", "torch.compile + FSDP2")
+ONE_GPU = ("thunder+fuser 1 GPU", "torch.compile 1 GPU")
+LOSS_STEPS = 3  # the warm-up steps whose losses every contender records
 
 
 def _wrap(kind: str, module, device):
@@ -36,15 +43,16 @@ def _wrap(kind: str, module, device):
 
     from benchmarks.contenders import thunder_executors, thunder_transforms
 
-    if kind == "torch.compile + FSDP2":
-        from torch.distributed.fsdp import fully_shard
+    if kind.startswith("torch.compile"):
+        if kind.endswith("FSDP2"):
+            from torch.distributed.fsdp import fully_shard
 
-        for block in module.model.transformer.h:
-            fully_shard(block)
-        fully_shard(module)
+            for block in module.model.transformer.h:
+                fully_shard(block)
+            fully_shard(module)
         return torch.compile(module)
     jm = thunder.jit(module, executors=thunder_executors(kind), transforms=thunder_transforms(kind))
-    if kind == "thunder+fuser 1 GPU":
+    if kind.endswith("1 GPU"):
         return jm
     strategy = FSDPType.ZERO2 if kind.endswith("zero2") else FSDPType.ZERO3
     return fsdp(jm, device=device, sharding_strategy=strategy)
@@ -76,7 +84,7 @@ def _rank(rank: int, world: int, port: int, a, queue) -> None:
 
     import thunder_fuser  # noqa: F401
     from benchmarks.model_zoo import batch, build
-    from benchmarks.models import _step, _zero
+    from benchmarks.models import _step
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -84,44 +92,66 @@ def _rank(rank: int, world: int, port: int, a, queue) -> None:
         torch.cuda.set_device(device)
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-    kinds = CONTENDERS if world > 1 else ("thunder+fuser 1 GPU",)
+    kinds = a.contenders if world > 1 else a.one_gpu
     out = {}
     for kind in kinds:
+        r = {"error": None}
         try:
-            built = build(a.model, a.layers, tiny=not cuda, device=device, dtype=torch.bfloat16 if cuda else torch.float32)
+            built = build(a.model, a.layers, tiny=not cuda, device=device, dtype=torch.bfloat16 if cuda else torch.float32,
+                          made_on_device=True)
             idx, targets = batch(built, a.batch, a.seq if cuda else 16, device=device, seed=1 + rank)
             fn = _wrap(kind, built.module, device)
             params = list(fn.parameters())
-            for _ in range(3):
-                for p in params:
-                    p.grad = None
-                _step(fn, idx, targets)
+            opt = torch.optim.AdamW(params, lr=1e-5) if a.optimizer == "adamw" else None
+
+            def step():
+                loss = _step(fn, idx, targets)
+                if opt is not None:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                else:
+                    for p in params:
+                        p.grad = None
+                return loss
+
+            t0 = time.perf_counter()
+            r["losses"] = [round(step().item(), 5)]
+            r["first_step_s"] = round(time.perf_counter() - t0, 1)
+            r["losses"] += [round(step().item(), 5) for _ in range(LOSS_STEPS - 1)]
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             times = []
             for _ in range(a.steps):
-                for p in params:
-                    p.grad = None
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                _step(fn, idx, targets)
+                step()
                 if cuda:
                     torch.cuda.synchronize()
                 times.append((time.perf_counter() - t0) * 1000)
             ms = statistics.median(times)
-            r = {"step_ms": round(ms, 3), "tokens_per_s": round(idx.numel() * world / ms * 1000), "error": None}
+            r.update(step_ms=round(ms, 3), tokens_per_s=round(idx.numel() * world / ms * 1000))
+            r["tokens_per_s_per_gpu"] = round(r["tokens_per_s"] / world)
             if cuda:
+                r["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                r["held_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2)
                 from torch.profiler import ProfilerActivity, profile
 
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    _step(fn, idx, targets)
+                    step()
                     torch.cuda.synchronize()
                 r["comm_hidden"] = _hidden_fraction(prof)
-            _zero(built.module)
         except Exception as e:  # noqa: BLE001 - a failing contender is reported
-            r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             traceback.print_exc()
         out[kind] = r
+        if rank == 0:
+            print(f"[{world} rank(s)] {kind}: {r}", flush=True)
+        fn = opt = params = built = None
         torch._dynamo.reset()
+        if cuda:
+            torch.cuda.empty_cache()
     if world > 1:
         dist.destroy_process_group()
     queue.put((rank, out))
@@ -143,31 +173,47 @@ def _launch(world: int, a) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = cli.parser("benchmarks.distributed", __doc__, epilog=f"contenders: {', '.join(CONTENDERS)}\n"
+    ap = cli.parser("benchmarks.distributed", __doc__, epilog=f"contenders: {', '.join(CONTENDERS)}; one GPU: {', '.join(ONE_GPU)}\n"
                     "Without a CUDA GPU two CPU processes step over gloo (a smoke test).")
     ap.add_argument("--out", default="benchmarks/results", help="folder for distributed.json")
-    ap.add_argument("--model", default="pythia-410m", help="the litgpt model")
-    ap.add_argument("--layers", type=int, default=2, help="transformer layers")
+    ap.add_argument("--model", default="Llama-3.2-1B", help="the litgpt model (benchmarks.model_zoo names)")
+    ap.add_argument("--layers", type=int, default=16, help="transformer layers")
     ap.add_argument("--batch", type=int, default=2, help="rows per rank")
-    ap.add_argument("--seq", type=int, default=1024, help="tokens per row")
+    ap.add_argument("--seq", type=int, default=2048, help="tokens per row")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per contender")
+    ap.add_argument("--optimizer", choices=("adamw", "none"), default="adamw", help="the step after each backward")
+    ap.add_argument("--contenders", type=lambda v: tuple(v.split(",")), default=CONTENDERS,
+                    help="comma-separated, of the contenders below")
+    ap.add_argument("--one-gpu", type=lambda v: tuple(x for x in v.split(",") if x), default=ONE_GPU,
+                    help="comma-separated one-process runs for the scaling (empty: none)")
     a = ap.parse_args(argv)
     world = torch.cuda.device_count() if torch.cuda.is_available() else 2
     doc = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (gloo: a smoke test)",
            "world": world, "model": a.model, "layers": a.layers, "rows_per_rank": a.batch, "seq": a.seq,
-           "one_gpu": _launch(1, a), "contenders": _launch(world, a) if world > 1 else {}}
+           "optimizer": a.optimizer, "one_gpu": _launch(1, a) if a.one_gpu else {},
+           "contenders": _launch(world, a) if world > 1 and a.contenders else {}}
     one = doc["one_gpu"].get("thunder+fuser 1 GPU", {}).get("tokens_per_s")
+    ref = doc["contenders"].get("thunder zero3", {}).get("losses")
     for r in doc["contenders"].values():
         if one and r.get("tokens_per_s"):
             r["scaling"] = round(r["tokens_per_s"] / one, 2)
+        if ref and r.get("losses"):  # bf16: a step's loss within 2% of thunder's own executors'
+            r["losses_match_thunder"] = all(abs(x - y) <= 0.02 * max(1.0, abs(y)) for x, y in zip(r["losses"], ref))
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "distributed.json"), "w") as f:
         json.dump(doc, f, indent=1)
-    print(f"| contender | step ms | tokens/s | x one GPU | comm hidden | error |\n| --- | ---: | ---: | ---: | ---: | --- |")
-    for kind, r in {**doc["one_gpu"], **doc["contenders"]}.items():
-        print(f"| {kind} | {r.get('step_ms', '')} | {r.get('tokens_per_s', '')} | {r.get('scaling', '')} | "
-              f"{r.get('comm_hidden', '')} | {(r.get('error') or '')[:80]} |")
+    print(table(doc))
 
+
+def table(doc: dict) -> str:
+    """The results of ``distributed.json`` as a markdown table."""
+    lines = ["| contender | step ms | tokens/s per GPU | x one GPU | comm hidden | peak GiB | held GiB | "
+             "losses | = thunder's | error |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+    for kind, r in {**doc["one_gpu"], **doc["contenders"]}.items():
+        lines.append(f"| {kind} | {r.get('step_ms', '')} | {r.get('tokens_per_s_per_gpu', '')} | {r.get('scaling', '')} | "
+                     f"{r.get('comm_hidden', '')} | {r.get('peak_gib', '')} | {r.get('held_gib', '')} | "
+                     f"{r.get('losses', '')} | {r.get('losses_match_thunder', '')} | {(r.get('error') or '')[:80]} |")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()

@@ -27,11 +27,13 @@ MODELS = LITGPT + HF  # the benchmark's
 MORE_LITGPT = ("phi-2",)
 MORE_HF = ("hf-GPT2",)
 MORE = MORE_LITGPT + MORE_HF
+# shapes too large for one GPU at full depth, for the sharded benchmark (benchmarks.distributed)
+SHARDED_LITGPT = ("Llama-3.1-8B", "Llama-3.1-70B")
 
 # tiny sizes for the CPU (every name's structure, a few thousand parameters)
 TINY_LITGPT = dict(n_embd=64, n_head=4, intermediate_size=128, padded_vocab_size=512, vocab_size=500, block_size=64,
                    head_size=16)
-TINY_GROUPS = {"Llama-3.2-1B": 2, "pythia-410m": 4, "gemma-2b": 2, "phi-2": 4}
+TINY_GROUPS = {"Llama-3.2-1B": 2, "pythia-410m": 4, "gemma-2b": 2, "phi-2": 4, "Llama-3.1-8B": 2, "Llama-3.1-70B": 2}
 TINY_MAX_SEQ = TINY_LITGPT["block_size"]  # the longest sequence every tiny model takes
 TINY_HF = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                max_position_embeddings=128)
@@ -80,9 +82,21 @@ class Built:
     vocab: int
 
 
-def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=torch.float32, seed: int = 0) -> Built:
+def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=torch.float32, seed: int = 0,
+          made_on_device: bool = False) -> Built:
+    """The model ``name`` on ``device`` in ``dtype``: made on the CPU in fp32, then converted
+    (the same weights on every device), or with ``made_on_device`` made on ``device`` in
+    ``dtype`` (a model of 19e9 parameters never exists in fp32 on the host; other weights)."""
     torch.manual_seed(seed)
-    if name in LITGPT + MORE_LITGPT:
+    if made_on_device and device is not None:
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                return build(name, layers, tiny, None, dtype, seed)  # None: where it is made
+        finally:
+            torch.set_default_dtype(default)
+    if name in LITGPT + MORE_LITGPT + SHARDED_LITGPT:
         import litgpt
 
         extra = dict(TINY_LITGPT, n_query_groups=TINY_GROUPS[name]) if tiny else {}
@@ -101,8 +115,9 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
         config = dict(source=f"transformers {transformers.__version__}", num_hidden_layers=layers, **sizes)
         vocab = sizes["vocab_size"]
     else:
-        raise ValueError(f"unknown model {name!r}; one of {MODELS + MORE}")
-    return Built(name, module.to(device=device, dtype=dtype), config, vocab)
+        raise ValueError(f"unknown model {name!r}; one of {MODELS + MORE + SHARDED_LITGPT}")
+    return Built(name, module.to(dtype=dtype) if device is None else module.to(device=device, dtype=dtype), config,
+                 vocab)
 
 
 def hf_causal_lm(name: str, layers: int, tiny: bool, **options):

@@ -426,3 +426,17 @@ def rope_from_one_projection(cos, sin, qkv):
     kr = torch.cat([k * ck + rot(k) * sk, k[..., :0]], -1)
     return (qr, kr[:, :, None].expand(2, 2, 2, 32, 16).reshape(2, 4, 32, 16),
             v[:, :, None].expand(2, 2, 2, 32, 16).reshape(2, 4, 32, 16), cq, sq, ck, sk)
+
+
+# programs whose outputs are bools, one per kernel family that stores them (a row's value, a
+# row's vectors, a resize, a transposed store, a ragged tail): each bool must be torch's byte
+BOOL_STORES = {
+    "pointwise": (lambda x: x > 0, lambda: (torch.randn(64, 256),)),
+    "pointwise ragged 1-D": (lambda x: x > 0, lambda: (torch.randn(1001),)),
+    "transposed": (lambda x: x.t() > 0, lambda: (torch.randn(64, 256),)),
+    "row values": (lambda x: x.amax(1) > 0, lambda: (torch.randn(64, 256),)),
+    "row vectors": (lambda x: (x - x.amax(1, keepdim=True)) > -1, lambda: (torch.randn(64, 256),)),
+    "resize": (lambda a, b: torch.cat([a > 0, b > 0], 1), lambda: (torch.randn(64, 256), torch.randn(64, 128))),
+    "a loss's mask and count": (lambda t: (t != -100, (t != -100).float().sum()),
+                                lambda: (torch.randint(-1, 3, (32,)),)),
+}

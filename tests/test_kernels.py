@@ -21,6 +21,7 @@ from helpers import (
     compile_planned_kernels_to_ptx,
     ptx_text,
     rope_from_one_projection,
+    BOOL_STORES,
     CREATION_CASES, STAGED_REDUCTIONS, causal_attention, causal_mask_scores,
     check_a_misaligned_call_runs_a_shared_launch_apart,
     check_batch_norm_backward, check_gradients, check_layernorm_backward, check_norm_backward, check_vs_eager,
@@ -695,6 +696,24 @@ def test_base_maps_describe_merges_and_slices_of_the_base(case):
     passed = [(base, o.offset) if m.offset else base] + ([torch.empty(ref_shape)] if ref else [])
     built = torch_eval.from_bases(geo, passed)[0]
     assert (built.shape, built.stride(), built.storage_offset()) == (view.shape, view.stride(), view.storage_offset())
+
+
+@pytest.mark.parametrize("name", BOOL_STORES)
+def test_a_bool_is_stored_as_torchs_byte_1_by_every_family(name, ptx_compile):
+    """CuTe DSL stores its Boolean as the sign extension of an i1 (the byte 0xFF); torch's
+    true is the byte 1. A 0xFF that torch reads counts 255 in ``.sum()``, and one a later
+    kernel reads as a row's scalar converts to -1.0: on two GPUs, FSDP's loss (a mask that
+    one region wrote, another read) came out negated. In the PTX, no ``selp -1, 0`` (the
+    sign-extended true) may reach a byte packed for a store."""
+    from thunder_fuser.backends.cute import cache
+
+    cache.clear_memory()
+    fn, make = BOOL_STORES[name]
+    ptx = "".join(ptx_text(segment_kernel.compile_program(p.prog, p.geo, None)) for p in planned_parts(fn, make()))
+    minus_one = set(re.findall(r"selp\.b\d+\s+(%r\d+), -1, 0", ptx))
+    packed = set(re.findall(r"(?:prmt\.b32|cvt\.u8\.u32|st\.global\.[.\w]+)\s+[^;]*?(%r\d+)[,;\]} ]", ptx))
+    packed |= {r for line in re.findall(r"(?:prmt\.b32|st\.global[.\w]*)\s+([^;]*);", ptx) for r in re.findall(r"%r\d+", line)}
+    assert not minus_one & packed, sorted(minus_one & packed)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import thunder_fuser
 from thunder_fuser import fuser_ex
-from tests.helpers import check_vs_eager
+from tests.helpers import BOOL_STORES, check_vs_eager
 
 
 @pytest.fixture(params=["reference", "lowered"])
@@ -507,6 +507,23 @@ def test_tensors_past_2_31_elements_on_cuda(case):
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     del got, want
     torch.cuda.empty_cache()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", BOOL_STORES)
+def test_a_bool_a_kernel_writes_is_torchs_bool_on_cuda(name):
+    """Its byte is 1 for true, so torch counts it right and a kernel that reads it (a row's
+    scalar, converted to fp32: a loss's mask, as FSDP's regions pass it) reads 1.0, not -1.0."""
+    f, make = BOOL_STORES[name]
+    args = [a.cuda() for a in make()]
+    got, want = thunder.jit(f, executors=[fuser_ex])(*args), f(*args)
+    for g, w in zip(*((o,) if isinstance(o, torch.Tensor) else o for o in (got, want))):
+        if g.dtype == torch.bool:
+            assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+            mask = g.reshape(g.shape[0], -1)[:, :1]
+            rows = torch.randn(mask.shape[0], 64, device="cuda")
+            masked = thunder.jit(lambda x, m: torch.log_softmax(x, 1) * m.float(), executors=[fuser_ex])
+            torch.testing.assert_close(masked(rows, mask), torch.log_softmax(rows, 1) * w.reshape(w.shape[0], -1)[:, :1].float())
 
 
 @pytest.mark.cuda

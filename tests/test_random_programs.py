@@ -63,6 +63,14 @@ def _strides_where_defined(t: torch.Tensor) -> tuple:
     return tuple(s for s, n in zip(t.stride(), t.shape) if n != 1)
 
 
+def _assert_bool_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """A bool's byte is torch's (1 for true): a comparison of values reads any nonzero byte
+    as true, torch's own ops then count or convert 0xFF as 255 or -1."""
+    if got.dtype == torch.bool:
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"{what}: bool bytes " \
+            f"{sorted(set(got.view(torch.uint8).flatten().tolist()))}, eager's {{0, 1}}"
+
+
 def check_program(program: AttackProgram, device: str) -> None:
     fn = program.compile()
     inputs = program.make_arguments(device)
@@ -82,10 +90,12 @@ def check_program(program: AttackProgram, device: str) -> None:
         for i, (g, w) in enumerate(zip(got, want)):
             assert (g.dtype, g.shape) == (w.dtype, w.shape), f"output {i}: {g.dtype}{list(g.shape)}, eager {w.dtype}{list(w.shape)}"
             torch.testing.assert_close(g, w, equal_nan=True, **tol, msg=lambda m: f"output {i}, call {call}: {m}")
+            _assert_bool_bytes(g, w, f"output {i}")
             if _fresh(w, theirs) and _fresh(g, ours):
                 assert _strides_where_defined(g) == _strides_where_defined(w), f"output {i}: strides {g.stride()}, eager {w.stride()}"
         for k, (o, t) in enumerate(zip(ours, theirs)):
             torch.testing.assert_close(o, t, equal_nan=True, **tol, msg=lambda m: f"input {k} after the call: {m}")
+            _assert_bool_bytes(o, t, f"input {k} after the call")
     if program.differentiable:
         _check_gradients(fn, inputs, tol)
 

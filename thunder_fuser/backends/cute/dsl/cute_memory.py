@@ -124,23 +124,43 @@ def when(pred: cutlass.Boolean, fn: cutlass.Constexpr):
         fn()
 
 
+def store_values(frag: cute.Tensor, vec) -> None:
+    """``frag.store(vec)``, a bool as torch stores one: the byte 1 for true. CuTe DSL stores
+    its Boolean as the sign extension of an i1, the byte 0xFF, which torch reads as an
+    invalid bool (``.sum()`` counts 255 for it) and a kernel's byte read of it (a row's
+    scalar) as -1: a loss whose mask one region wrote and another read came out negated."""
+    if frag.element_type is cutlass.Boolean:
+        one, zero = (cute.full(vec.shape, v, cutlass.Int8) for v in (1, 0))
+        cute.recast_tensor(frag, cutlass.Int8).store(cute.where(vec, one, zero))
+    else:
+        frag.store(vec)
+
+
+def storable(value, element_type):
+    """A scalar ``value`` for an element of ``element_type``: a bool as the byte 1 or 0
+    (``store_values``)."""
+    if element_type is cutlass.Boolean and isinstance(value, cutlass.Numeric):
+        return cutlass.select_(cutlass.Boolean(value), cutlass.Int8(1), cutlass.Int8(0))
+    return value
+
+
 @cute.jit
 def put_if(frag: cute.Tensor, value, pred: cutlass.Boolean):
     if pred:
-        frag.store(value)
+        store_values(frag, value)
 
 
 @cute.jit
 def store_scalar_if(t2: cute.Tensor, m, n, value, pred: cutlass.Boolean):
     if pred:
-        t2[(m, n)] = value
+        t2[(m, n)] = storable(value, t2.element_type)
 
 
 @cute.jit
 def load_scalar_if(t2: cute.Tensor, m, n, pred: cutlass.Boolean):
     v = t2.element_type(0)
     if pred:
-        v = t2[(m, n)]
+        v = t2.element_type(t2[(m, n)])  # a bool element reads as Int8: back to a bool
     return v
 
 
@@ -367,7 +387,7 @@ def load_vector(o, t2, tv, m, j, V, N, pred, tail=False, hint=None, shift=None, 
 
 def store_vector(val, o, t2, tv, m, j, V, N, pred, tail=False, hint=None, shift=None):
     frag = fragment((1, V), o.dtype)
-    frag.store(as_vector(val, V, o.dtype))
+    store_values(frag, as_vector(val, V, o.dtype))
     mode = access_mode(o, V)
     if mode == "vec" and shift is not None:
         scatter_if(frag, t2, m, j * V - shift, N, pred, V, True)

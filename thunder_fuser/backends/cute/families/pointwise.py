@@ -28,6 +28,7 @@ from thunder_fuser.backends.cute.dsl.cute_memory import (
     no_select,
     operand_views,
     put_if,
+    store_values,
     row_coord,
     store_vector,
     when,
@@ -210,7 +211,7 @@ def _flat_pointwise_pieces(prog: Program, geo: Geometry):
             ev = Evaluator(load, None, no_select)
             for st, slot in zip(prog.stores, geo.store_slot):
                 frag = fragment((1, V), ops[slot].dtype)
-                frag.store(as_vector(ev.ev(st.expr), V, ops[slot].dtype))
+                store_values(frag, as_vector(ev.ev(st.expr), V, ops[slot].dtype))
                 move_if_full(frag, tvs[slot][(None, (0, lin))], t2s[slot], m, n0, limit, ok, V, True)
 
         # two predicated blocks, not if/else (see ``move_if_full``)
