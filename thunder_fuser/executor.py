@@ -30,7 +30,7 @@ from thunder_fuser.passes.eager_decompositions import eager_decompositions
 from thunder_fuser.passes.eager_decompositions import register as register_eager_rules
 from thunder_fuser.passes.hoist_externs import contiguous_of_resizes, dissolve_runs, hoist_externs, hoist_views
 from thunder_fuser.passes.index_copy_in_place import in_place_index_copies
-from thunder_fuser.passes.input_aliases import with_alias_guard
+from thunder_fuser.passes.input_aliases import needs_alias_guard, with_alias_guard
 from thunder_fuser.passes.narrow_loss_gradient import narrow_loss_gradients
 from thunder_fuser.passes.rematerialize import rematerialize_if_safe, writes_in_place
 from thunder_fuser.rules.cross_entropy import STANDALONE
@@ -175,7 +175,7 @@ class FuserExecutor(FusionExecutor):
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
         trace = eager_decompositions(trace)
-        trace = with_alias_guard(trace)
+        guarded = needs_alias_guard(trace)
         trace = narrow_loss_gradients(trace)
         trace = in_place_index_copies(trace)
         self._kept_apart = contiguous_of_resizes(trace.bound_symbols)
@@ -229,6 +229,8 @@ class FuserExecutor(FusionExecutor):
             self._pass = _FIRST_PASS
             self._matmul_reads, self._copyable, self._dead_inputs = {}, frozenset(), {}
             self._kept_apart = frozenset()
+        if guarded:  # after fusion: an input thunder replaced has no unpacking, which fusion's dataflow needs
+            out = with_alias_guard(out)
         ms = (time.perf_counter_ns() - start) // 1_000_000
         out.set_provenance(TraceProvenance(f"thunder_fuser fusion (took {ms} milliseconds)"))
         return out

@@ -64,11 +64,16 @@ inputs_are_the_views_thunder_took = guard_ex.register_operator(
     "fuser_inputs_are_the_views_thunder_took", meta=_meta, fn=_check, tags=(OpTags.DONT_DCE,))
 
 
+def needs_alias_guard(trace: TraceCtx) -> bool:
+    """Did thunder replace inputs sharing storage in ``trace``?"""
+    return any(b.header and _HEADER in str(b.header) for b in trace.bound_symbols)
+
+
 def with_alias_guard(trace: TraceCtx) -> TraceCtx:
-    """``trace`` with the guard first where thunder replaced inputs sharing storage; else
-    ``trace`` itself."""
-    if not any(b.header and _HEADER in str(b.header) for b in trace.bound_symbols):
-        return trace
+    """``trace`` with the guard first (after the unpacking of its arguments), for a trace in
+    which thunder replaced inputs sharing storage (``needs_alias_guard``). The replaced inputs
+    stay in the signature but lose their unpacking, so the fusion pass adds the guard after
+    fusing: thunder's dataflow grouping needs a producer for every input it sees."""
     tensors = [a for a in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(a, TensorProxy)]
     if len(tensors) < 2:
         return trace

@@ -1,0 +1,89 @@
+"""An optimizer's step through thunder + fuser, the way the seed measured it:
+``torch.compile(optimizer.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))``.
+A step is in-place updates of many tensors (parameters, moments, the step counter). Every one
+must land in the optimizer's own tensors, as torch's step leaves them, for many steps. A
+learning rate that a schedule changes each step must not make Dynamo trace again.
+
+Dynamo passes a tensor both as itself and as the result of an in-place op on it (``exp_avg_sq``
+and ``exp_avg_sq.mul_(beta2)``). thunder then replaces one by the other and drops its
+unpacking, and the fusion pass once failed there (``KeyError: 'exp_avg_sq'``) for every
+single-tensor ``Adam``, ``AdamW`` and ``SGD``."""
+
+import copy
+
+import pytest
+import thunder
+import torch
+
+import thunder_fuser
+from helpers import plans
+
+ThunderCompiler = pytest.importorskip("thunder.dynamo").ThunderCompiler
+
+STEPS = 20
+OPTIMIZERS = {
+    "AdamW": lambda ps, lr: torch.optim.AdamW(ps, lr=lr, weight_decay=0.1),
+    # torch takes a tensor lr with foreach only where capturable (CUDA): a constant lr here
+    "AdamW foreach": lambda ps, lr: torch.optim.AdamW(ps, lr=lr.item(), foreach=True),
+    "Adam": lambda ps, lr: torch.optim.Adam(ps, lr=lr, weight_decay=0.1),
+    "Adam amsgrad": lambda ps, lr: torch.optim.Adam(ps, lr=lr, amsgrad=True),
+    "SGD momentum nesterov": lambda ps, lr: torch.optim.SGD(ps, lr=lr, momentum=0.9, nesterov=True,
+                                                             weight_decay=0.1),
+}
+
+
+def _parameters(seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape, generator=g)) for shape in ((64, 32), (32,), (8, 4, 4))]
+
+
+def _gradients(params, step: int) -> None:
+    g = torch.Generator().manual_seed(1000 + step)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def _assert_same_state(ours, theirs) -> None:
+    for (po, so), (pt, st) in zip(ours.state.items(), theirs.state.items()):
+        torch.testing.assert_close(po, pt, rtol=1e-5, atol=1e-6)
+        assert so.keys() == st.keys()
+        for k in so:
+            torch.testing.assert_close(so[k], st[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"state {k!r}: {m}")
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_an_optimizer_step_through_thunderfx_matches_torchs(name, torch_kernels):
+    """20 steps, the learning rate (a tensor) changed by a cosine schedule each step: the
+    parameters, every state tensor and the step counter as torch's own step leaves them, no
+    trace after the first step's, our regions in what thunder ran, and a ``state_dict()``
+    round trip that steps on as torch does."""
+    torch._dynamo.reset()
+    ours, theirs = _parameters(0), _parameters(0)
+    opt = OPTIMIZERS[name](ours, torch.tensor(1e-2))
+    ref = OPTIMIZERS[name](theirs, torch.tensor(1e-2))
+    scheduled = isinstance(opt.param_groups[0]["lr"], torch.Tensor)
+    schedules = [torch.optim.lr_scheduler.CosineAnnealingLR(o, STEPS) for o in (opt, ref)] if scheduled else []
+    backend = ThunderCompiler(executors=thunder_fuser.executors())
+    step = torch.compile(opt.step, backend=backend)
+    for i in range(STEPS):
+        _gradients(ours, i)
+        _gradients(theirs, i)
+        step()
+        ref.step()
+        for s in schedules:
+            s.step()
+        _assert_same_state(opt, ref)
+        if i == 1:
+            traced = len(backend.subgraph_infos)
+    assert len(backend.subgraph_infos) == traced, "a step after the second traced again"
+    fns = [f for info in backend.subgraph_infos for f in info.thunder_compiled_fns]
+    assert any(plans(thunder.last_traces(f)[-1]) for f in fns), "no region of ours in the step"
+
+    resumed = OPTIMIZERS[name](ours, torch.tensor(1e-2))
+    resumed.load_state_dict(copy.deepcopy(opt.state_dict()))
+    step = torch.compile(resumed.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))
+    _gradients(ours, STEPS)
+    _gradients(theirs, STEPS)
+    step()
+    ref.step()
+    _assert_same_state(resumed, ref)
