@@ -38,6 +38,7 @@ every model's first calls meet cold caches. Each run writes ``models-<model>.jso
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -59,7 +60,7 @@ from benchmarks import cli
 from benchmarks.model_zoo import MORE, MODELS, TINY_MAX_SEQ, batch, build
 from thunder_fuser.cudagraphs import region_graphs
 
-TINY_MODELS = ("Llama-3.2-1B", "hf-Llama")  # --tiny's default: one model of each library
+TINY_MODELS = ("Llama-3.2-1B",)  # --tiny's default: a smoke test of the harness in minutes
 CONTENDERS = ("eager", "torch.compile", "thunder", "thunder+torchcompile", "thunder+fuser", "thunderfx+fuser")
 GiB = 2**30
 ROUNDS = 10  # the timed steps, in turns over the contenders (``time_interleaved``)
@@ -431,10 +432,14 @@ def main(argv=None) -> None:
     ap.add_argument("--layers", type=int, default=2, help="transformer layers per model")
     ap.add_argument("--batch", type=int, default=2, help="sequences per step")
     ap.add_argument("--seq", type=int, default=1024, help=f"tokens per sequence (--tiny: at most {TINY_MAX_SEQ})")
-    ap.add_argument("--steps", type=int, default=30, help="timed steps per contender, in turns (ROUNDS)")
+    ap.add_argument("--steps", type=int, default=argparse.SUPPRESS,
+                    help="timed steps per contender, in turns (ROUNDS) (default: 30; 3 with --tiny)")
+    ap.add_argument("--warm-first-calls", choices=("auto", "yes", "no"), default="auto",
+                    help="time each compiler's first call again in a second process, its caches warm (auto: yes on "
+                         "a GPU, no with --tiny, where its minutes say nothing)")
     ap.add_argument("--tiny", action="store_true",
-                    help="tiny configs in fp32, one litgpt and one transformers model unless --models says: the "
-                         "CPU smoke test of the harness (its timings mean nothing)")
+                    help="tiny configs in fp32, one model unless --models says, 3 timed steps unless --steps says: "
+                         "the CPU smoke test of the harness (its timings mean nothing)")
     ap.add_argument("--one-process", action="store_true",
                     help="all models in this process (else a process of its own for each of several models)")
     ap.add_argument("--warm-first-call", metavar="MODEL", help="(internal) print the first call of MODEL in this process")
@@ -445,6 +450,7 @@ def main(argv=None) -> None:
     a.tiny = a.tiny or not torch.cuda.is_available()
     if a.tiny:
         a.seq = min(a.seq, TINY_MAX_SEQ)
+    a.steps = getattr(a, "steps", 3 if a.tiny else 30)
     a.models = a.models or ",".join(TINY_MODELS if a.tiny else MODELS)
     if a.merge is not None:
         from benchmarks.models_report import merge
@@ -468,7 +474,8 @@ def main(argv=None) -> None:
     contenders = [c for c in a.contenders.split(",") if c]
     for name in names:
         r = run_model(name, contenders, a.layers, a.batch, a.seq, a.steps, a.tiny)
-        second_processes(name, r, a, cache)
+        if a.warm_first_calls == "yes" or (a.warm_first_calls == "auto" and not a.tiny):
+            second_processes(name, r, a, cache)
         r["device"] = _device()
         with open(os.path.join(a.out, f"models-{name}.json"), "w") as f:
             json.dump(r, f, indent=1)
@@ -482,7 +489,8 @@ def _process_per_model(a, names: list) -> None:
     process dies leaves the others' results."""
     for name in names:
         argv = ["--out", a.out, "--models", name, "--contenders", a.contenders, "--layers", str(a.layers),
-                "--batch", str(a.batch), "--seq", str(a.seq), "--steps", str(a.steps)] + (["--tiny"] if a.tiny else [])
+                "--batch", str(a.batch), "--seq", str(a.seq), "--steps", str(a.steps),
+                "--warm-first-calls", a.warm_first_calls] + (["--tiny"] if a.tiny else [])
         rc = subprocess.run([sys.executable, "-m", "benchmarks.models", *argv]).returncode
         if rc:
             print(f"[{name}] its process exited with {rc}", flush=True)

@@ -128,7 +128,7 @@ def test_the_model_benchmark_writes_the_schema_other_tools_read(tmp_path, monkey
         monkeypatch.delenv(var, raising=False)  # the run sets them: undone after the test
 
     models.main(["--tiny", "--out", str(tmp_path / "run"), "--models", "pythia-410m", "--contenders",
-                 "eager,thunder+fuser,eager", "--seq", "16", "--steps", "1"])
+                 "eager,thunder+fuser,eager", "--seq", "16", "--steps", "1", "--warm-first-calls", "yes"])
     models.main(["--merge", str(tmp_path / "run"), "--results", str(tmp_path / "results")])
     data = json.loads((tmp_path / "results" / "models.json").read_text())
     assert set(data) == {"device", "models"}
@@ -238,7 +238,7 @@ def test_every_benchmark_command_explains_itself(module, capsys):
         assert all(m in text for m in MODELS) and all(c in text for c in CONTENDERS), text
         import re
 
-        assert re.search(r"--steps STEPS\s+timed steps .*\(default:\s+30\)", text, re.S), text
+        assert re.search(r"--steps STEPS\s+timed steps .*\(default:\s+30[;)]", text, re.S), text
 
 
 def test_a_gpu_benchmark_says_so_in_one_line_on_a_machine_without_one(monkeypatch):

@@ -21,8 +21,8 @@ def _blocks(section: str) -> tuple[str, str]:
     return code, output
 
 
-def test_the_recommended_call_prints_what_the_readme_shows():
-    code, shown = _blocks("The recommended call")
+def _assert_prints_what_the_readme_shows(section: str) -> None:
+    code, shown = _blocks(section)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
@@ -33,3 +33,11 @@ def test_the_recommended_call_prints_what_the_readme_shows():
             continue
         assert line in printed[at:], f"README shows {line!r}, not printed after line {at}:\n" + "\n".join(printed)
         at = printed.index(line, at) + 1
+
+
+def test_the_recommended_call_prints_what_the_readme_shows():
+    _assert_prints_what_the_readme_shows("The recommended call")
+
+
+def test_the_training_loop_prints_what_the_readme_shows():
+    _assert_prints_what_the_readme_shows("A training loop")
