@@ -88,6 +88,7 @@ class Plan:
     written_inputs: tuple[int, ...] = ()  # inputs written in place, directly or through views
     directly_written: tuple[int, ...] = ()  # those written as themselves
     kernels: dict = field(default_factory=dict)  # segment index -> SegmentKernel, or None: reference
+    kernel_notes: dict = field(default_factory=dict)  # segment index -> how its kernel departs from the templates
     groups: dict = field(default_factory=dict)  # first segment index of a step -> LaunchGroup, or None
     apart: dict = field(default_factory=dict)  # first segment index of a step -> why it launches apart
     fallbacks: dict = field(default_factory=dict)  # segment index -> why no kernel runs it (for explain)
@@ -114,6 +115,8 @@ class Plan:
         k = SegmentKernel(seg, self.orders, mode)
         device = _device_of(env, self.region)
         k.prepare(env, device, compile_now, defer=self._may_defer([seg], device))
+        if notes := k.notes():
+            self.kernel_notes[seg.index] = notes
         return k
 
     def _may_defer(self, segs: list, device) -> bool:
@@ -153,6 +156,7 @@ class Plan:
         except Exception as e:  # noqa: BLE001 - any failure must fall back, never fail the call
             self.kinds[seg.index] = "reference"
             self.kernels[seg.index] = None
+            self.kernel_notes.pop(seg.index, None)
             reason = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {str(e)[:300]}"
             self.fallbacks[seg.index] = reason
             bug = not isinstance(e, Unsupported)

@@ -28,6 +28,7 @@ from thunder_fuser.backends.cute.lower.expr import (
     reduce_in_stages,
     reductions_in_order,
     render,
+    softmax_sums,
     split_at_reductions,
     transpose_first,
     unmerged,
@@ -81,6 +82,44 @@ class SegmentKernel:
         self.orders = orders
         self.write_outs: list = []  # (node output value, dst value) pairs
         self.columns_apart = ""  # why the segment's sums per column run apart from its rows (``columns_apart``)
+
+    def notes(self) -> list[str]:
+        """How this segment's kernels depart from the plain templates: reductions split
+        across blocks (two launches each: partials, then a combine), operands staged through
+        shared memory (a tiled transpose), reductions in two stages. The plan records them
+        when it prepares the kernel, for ``explain``."""
+        notes = []
+        if self.columns_apart:
+            notes.append(f"takes its sums per column in a reduction of their own after its rows ({self.columns_apart})")
+        for part in self.parts:
+            if part.geo.stage:
+                slots = set(part.geo.stage[1])
+                names = sorted({ld.source.name for ld in part.prog.loads if part.geo.load_slot[id(ld)] in slots})
+                if part.transposed_copy:
+                    notes.append(f"copies {', '.join(names)} through shared-memory tiles into the order of its reduction's "
+                                 f"rows (a tiled transpose), then reduces reading the copy in vectors")
+                else:
+                    notes.append(f"reads {', '.join(names)} through shared-memory tiles (a tiled transpose: "
+                                 f"{'they are' if len(names) > 1 else 'it is'} contiguous along another dim than the output)")
+            if part.geo.looped:
+                online = softmax_sums(reductions_in_order(part.prog))
+                notes.append(f"loops over rows too long for registers ({part.geo.n} elements): a pass per reduction"
+                             + (" (the max and the sum of exp(x - max) in one: online softmax)" if online else "")
+                             + (", then one for its stores" if any(not st.is_row for st in part.prog.stores) else ""))
+            if part.first_stage:
+                inner, other = part.first_stage
+                notes.append(f"reduces over dims {inner} first, into partials, then over dims {other} reading those "
+                             f"(two row kernels: its reduced dims are runs apart in memory)")
+            if part.workspace is None:
+                continue
+            if part.geo.across:
+                notes.append(f"takes its sums per column in its row kernel: each of its {part.workspace[0]} blocks adds "
+                             f"up the rows it walks into a partial, then a second launch adds the partials")
+                continue
+            splits, what = part.workspace[0], "column" if part.geo.columns else "row"
+            notes.append(f"splits each {what} of its reduction across {splits} blocks, then combines their partials "
+                         f"in a second launch")
+        return notes
 
     def prepare(self, env, device, compile_now: bool = True, defer: bool = False) -> None:
         """Lower, lay out and (unless ``compile_now`` is False: a member of a shared launch,
