@@ -26,6 +26,12 @@ def _load(results: str, name: str):
     return json.load(open(path)) if os.path.exists(path) else None
 
 
+def _load_all(results: str, prefix: str) -> list:
+    """Every ``<prefix>*.json`` of the results folder, by name."""
+    return [d for d in (_load(results, n) for n in sorted(os.listdir(results))
+                        if n.startswith(prefix) and n.endswith(".json")) if d]
+
+
 def _suite(results: str) -> list[str]:
     doc, warm = _load(results, "latest.json"), _load(results, "warm_cache.json")
     if doc is None:
@@ -73,8 +79,7 @@ def _loss(results: str) -> list[str]:
 
 
 def _decode(results: str) -> list[str]:
-    docs = [d for d in (_load(results, n) for n in sorted(os.listdir(results)) if n.startswith("decode")
-                        and n.endswith(".json")) if d]
+    docs = _load_all(results, "decode")
     if not docs:
         return []
     lines = ["## Decode steps (`python -m benchmarks.decode`)", "",
@@ -96,8 +101,7 @@ def _decode(results: str) -> list[str]:
 def _distributed(results: str) -> list[str]:
     from benchmarks.distributed import table
 
-    docs = [d for d in (_load(results, n) for n in sorted(os.listdir(results)) if n.startswith("distributed")
-                        and n.endswith(".json")) if d]
+    docs = _load_all(results, "distributed")
     if not docs:
         return []
     lines = ["## Training on several GPUs (`python -m benchmarks.distributed`)", "",
