@@ -27,8 +27,10 @@ OPTIMIZERS = {
     "AdamW foreach": lambda ps, lr: torch.optim.AdamW(ps, lr=lr.item(), foreach=True),
     "Adam": lambda ps, lr: torch.optim.Adam(ps, lr=lr, weight_decay=0.1),
     "Adam amsgrad": lambda ps, lr: torch.optim.Adam(ps, lr=lr, amsgrad=True),
+    "Adam foreach": lambda ps, lr: torch.optim.Adam(ps, lr=lr.item(), foreach=True, weight_decay=0.1),
     "SGD momentum nesterov": lambda ps, lr: torch.optim.SGD(ps, lr=lr, momentum=0.9, nesterov=True,
                                                              weight_decay=0.1),
+    "SGD foreach": lambda ps, lr: torch.optim.SGD(ps, lr=lr.item(), momentum=0.9, foreach=True),
 }
 
 
@@ -78,6 +80,8 @@ def test_an_optimizer_step_through_thunderfx_matches_torchs(name, torch_kernels)
     assert len(backend.subgraph_infos) == traced, "a step after the second traced again"
     fns = [f for info in backend.subgraph_infos for f in info.thunder_compiled_fns]
     assert any(plans(thunder.last_traces(f)[-1]) for f in fns), "no region of ours in the step"
+    given_away = [r.info for info in backend.subgraph_infos for r in info.split_reasons if "_foreach" in str(r.info)]
+    assert not given_away, given_away  # thunder takes torch's multi-tensor updates (patches/foreach_ops.py)
 
     resumed = OPTIMIZERS[name](ours, torch.tensor(1e-2))
     resumed.load_state_dict(copy.deepcopy(opt.state_dict()))
@@ -87,3 +91,38 @@ def test_an_optimizer_step_through_thunderfx_matches_torchs(name, torch_kernels)
     step()
     ref.step()
     _assert_same_state(resumed, ref)
+
+
+def test_foreach_ops_under_thunder_jit_match_torchs_in_place(torch_kernels):
+    """torch's ``_foreach_*`` ops called directly, through ``thunder.jit`` with our executors:
+    every list element updated in place as torch updates it, the lists' tensors of three
+    shapes, numbers, a 0-d tensor, a list of numbers and a tensor of scalars as operands."""
+
+    def step(ps, gs, ms, lr, scalars):
+        torch._foreach_mul_(ms, 0.9)
+        torch._foreach_add_(ms, gs, alpha=0.1)
+        torch._foreach_lerp_(gs, ms, 0.5)
+        denom = torch._foreach_sqrt(torch._foreach_add(torch._foreach_mul(gs, gs), 1e-8))
+        torch._foreach_addcdiv_(ps, ms, denom, scalars)
+        torch._foreach_mul_(ps, lr)
+        torch._foreach_add_(ps, [1.0, 2.0, 3.0])
+        return torch._foreach_neg(ps)
+
+    def make():
+        g = torch.Generator().manual_seed(0)
+        lists = [[torch.randn(s, generator=g) for s in ((16, 8), (8,), (4, 4, 2))] for _ in range(3)]
+        return (*lists, torch.tensor(0.5), torch.tensor([-0.1, -0.2, -0.3]))
+
+    ours, theirs = make(), make()
+    jstep = thunder.jit(step, executors=thunder_fuser.executors())
+    # within fp32 rounding: torch's CPU addcdiv computes (value * b) / c, its CUDA kernel and
+    # thunder value * (b / c)
+    close = dict(rtol=1e-5, atol=1e-6)
+    for _ in range(2):
+        got, want = jstep(*ours), step(*theirs)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, **close)
+        for lo, lt in zip(ours[:3], theirs[:3]):
+            for a, b in zip(lo, lt):
+                torch.testing.assert_close(a, b, **close)
+    assert plans(thunder.last_traces(jstep)[-1]), "no region of ours"

@@ -1,0 +1,105 @@
+"""torch's multi-tensor ``_foreach_*`` ops, traced as one op per tensor.
+
+torch's optimizers update their tensors with ``torch._foreach_*`` ops by default on a GPU
+(``foreach=True``: Adam, AdamW and SGD call ``_foreach_mul_``, ``_foreach_lerp_``,
+``_foreach_addcdiv_``, ...). thunder 0.2.6 has no mapping for any of them:
+- ``thunder.jit`` cannot trace them;
+- ThunderFX hands every one to Inductor (the split reason: "expected Tensor as element 0 ...
+  but got TensorProxy"), so an optimizer's step never reached an executor of thunder's.
+
+Here each is traced as its per-tensor op, element by element of its lists, with the
+interpreter entering the per-tensor calls, so thunder's in-place handling and our regions see
+ordinary ops (``x.mul_(y)``, ``torch.sqrt(x)``). The regions then fuse a whole update per
+tensor, and the segments of many tensors can share a launch.
+
+Arguments follow torch's overloads:
+- a list is taken element by element; a number or a tensor is shared by every element;
+- a tensor of scalars (``addcdiv``'s and ``addcmul``'s ``scalars``) is taken one scalar per
+  element;
+- ``_foreach_pow(number, tensors)`` raises the number to each tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# the per-tensor op of each foreach op (its in-place form is the name with "_" on both)
+_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "clamp_min", "clamp_max")
+_TERNARY = ("addcmul", "addcdiv", "lerp")
+_UNARY = ("sqrt", "neg", "reciprocal", "exp", "log", "abs", "sign", "sigmoid", "tanh", "rsqrt", "sin", "cos")
+_SCALARS_PER_ELEMENT = {"addcmul": "value", "addcdiv": "value"}  # their tensor of scalars, one per element
+
+
+def _element(x, i: int, per_element: bool = False):
+    if isinstance(x, (list, tuple)):
+        return x[i]
+    if per_element and isinstance(x, torch.Tensor) and x.ndim == 1:
+        return x[i]
+    return x
+
+
+def _per_tensor(op: str, in_place: bool, ops):
+    """The foreach op as a loop over its lists: ``ops(name)`` gives a per-tensor op (torch's,
+    for the interpreter to enter; thunder's symbols, for ThunderFX's splitter to run on
+    proxies)."""
+    scalars = _SCALARS_PER_ELEMENT.get(op)
+    arity = 3 if op in _TERNARY else 2 if op in _BINARY else 1
+
+    def run(*args, **kwargs):
+        if len(args) > arity:  # torch's scalars passed positionally: name them
+            kwargs = {**kwargs, scalars: args[arity]}
+            args = args[:arity]
+        first = next(a for a in args if isinstance(a, (list, tuple)))
+        out = []
+        for i in range(len(first)):
+            xs = [_element(a, i) for a in args]
+            kw = {k: _element(v, i, k == scalars) for k, v in kwargs.items()}
+            if scalars and isinstance(kw.get(scalars), torch.Tensor):
+                # a scalar as a tensor, which the per-tensor op takes only as a number:
+                # a + value * (b / c), as torch's addcdiv computes it (b * c for addcmul)
+                value = kw.pop(scalars)
+                inner = ops("div" if op == "addcdiv" else "mul")(xs[1], xs[2])
+                op_, xs = "add", [xs[0], ops("mul")(value, inner)]
+            else:
+                op_ = op
+            out.append(ops(op_ + "_")(*xs, **kw) if in_place else ops(op_)(*xs, **kw))
+        return None if in_place else out
+
+    run.__name__ = f"_foreach_{op}{'_' if in_place else ''}"
+    return run
+
+
+def _torch_op(name: str):
+    """torch's per-tensor op ``name`` (an in-place one as the Tensor method)."""
+    if name.endswith("_"):
+        return lambda a, *args, **kwargs: getattr(a, name)(*args, **kwargs)
+    return getattr(torch, name)
+
+
+def _thunder_op(name: str):
+    import thunder.torch as ltorch
+
+    return getattr(ltorch, name)
+
+
+def register_foreach_ops() -> list:
+    """Map every ``torch._foreach_*`` op torch has of the families above; the ones mapped."""
+    from thunder.core import jit_ext
+    from thunder.core.interpreter import _interpret_call
+    from thunder.torch import _torch_to_thunder_function_map
+
+    mapped = []
+    for op in _BINARY + _TERNARY + _UNARY:
+        for in_place in (False, True):
+            torch_fn = getattr(torch, f"_foreach_{op}{'_' if in_place else ''}", None)
+            if torch_fn is None or torch_fn in jit_ext._general_jit_lookaside_map:
+                continue
+            impl = _per_tensor(op, in_place, _torch_op)
+
+            def lookaside(*args, _impl=impl, **kwargs):
+                return _interpret_call(_impl, *args, **kwargs)
+
+            jit_ext._general_jit_lookaside_map[torch_fn] = lookaside
+            _torch_to_thunder_function_map[torch_fn] = _per_tensor(op, in_place, _thunder_op)
+            mapped.append(torch_fn.__name__)
+    return mapped
