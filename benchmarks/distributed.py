@@ -37,9 +37,9 @@ ONE_GPU = ("thunder+fuser 1 GPU", "torch.compile 1 GPU")
 LOSS_STEPS = 3  # the warm-up steps whose losses every contender records
 
 
-def _wrap(kind: str, module, device):
+def _wrap(kind: str, module, device, bucketing: str = "none"):
     import thunder
-    from thunder.distributed import FSDPType, fsdp
+    from thunder.distributed import FSDPBucketingStrategy, FSDPType, fsdp
 
     from benchmarks.contenders import thunder_executors, thunder_transforms
 
@@ -55,7 +55,8 @@ def _wrap(kind: str, module, device):
     if kind.endswith("1 GPU"):
         return jm
     strategy = FSDPType.ZERO2 if kind.endswith("zero2") else FSDPType.ZERO3
-    return fsdp(jm, device=device, sharding_strategy=strategy)
+    return fsdp(jm, device=device, sharding_strategy=strategy,
+                bucketing_strategy=getattr(FSDPBucketingStrategy, bucketing.upper()))
 
 
 def _hidden_fraction(prof) -> float | None:
@@ -100,7 +101,7 @@ def _rank(rank: int, world: int, port: int, a, queue) -> None:
             built = build(a.model, a.layers, tiny=not cuda, device=device, dtype=torch.bfloat16 if cuda else torch.float32,
                           made_on_device=True)
             idx, targets = batch(built, a.batch, a.seq if cuda else 16, device=device, seed=1 + rank)
-            fn = _wrap(kind, built.module, device)
+            fn = _wrap(kind, built.module, device, a.bucketing)
             params = list(fn.parameters())
             opt = torch.optim.AdamW(params, lr=1e-5) if a.optimizer == "adamw" else None
 
@@ -182,6 +183,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seq", type=int, default=2048, help="tokens per row")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per contender")
     ap.add_argument("--optimizer", choices=("adamw", "none"), default="adamw", help="the step after each backward")
+    ap.add_argument("--bucketing", choices=("none", "layer", "block"), default="none",
+                    help="thunder's FSDP bucketing: a collective per parameter, per layer or per transformer block")
     ap.add_argument("--contenders", type=lambda v: tuple(v.split(",")), default=CONTENDERS,
                     help="comma-separated, of the contenders below")
     ap.add_argument("--one-gpu", type=lambda v: tuple(x for x in v.split(",") if x), default=ONE_GPU,
@@ -190,7 +193,7 @@ def main(argv=None) -> None:
     world = torch.cuda.device_count() if torch.cuda.is_available() else 2
     doc = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (gloo: a smoke test)",
            "world": world, "model": a.model, "layers": a.layers, "rows_per_rank": a.batch, "seq": a.seq,
-           "optimizer": a.optimizer, "one_gpu": _launch(1, a) if a.one_gpu else {},
+           "optimizer": a.optimizer, "bucketing": a.bucketing, "one_gpu": _launch(1, a) if a.one_gpu else {},
            "contenders": _launch(world, a) if world > 1 and a.contenders else {}}
     one = doc["one_gpu"].get("thunder+fuser 1 GPU", {}).get("tokens_per_s")
     ref = doc["contenders"].get("thunder zero3", {}).get("losses")
