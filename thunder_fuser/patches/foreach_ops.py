@@ -30,10 +30,18 @@ _UNARY = ("sqrt", "neg", "reciprocal", "exp", "log", "abs", "sign", "sigmoid", "
 _SCALARS_PER_ELEMENT = {"addcmul": "value", "addcdiv": "value"}  # their tensor of scalars, one per element
 
 
+def _is_tensor(x) -> bool:
+    """A tensor, or the proxy of one (ThunderFX's splitter runs the loop on proxies, which
+    the interpreter, not Python, shows as tensors)."""
+    from thunder.core.proxies import TensorProxy
+
+    return isinstance(x, (torch.Tensor, TensorProxy))
+
+
 def _element(x, i: int, per_element: bool = False):
     if isinstance(x, (list, tuple)):
         return x[i]
-    if per_element and isinstance(x, torch.Tensor) and x.ndim == 1:
+    if per_element and _is_tensor(x) and x.ndim == 1:
         return x[i]
     return x
 
@@ -54,7 +62,7 @@ def _per_tensor(op: str, in_place: bool, ops):
         for i in range(len(first)):
             xs = [_element(a, i) for a in args]
             kw = {k: _element(v, i, k == scalars) for k, v in kwargs.items()}
-            if scalars and isinstance(kw.get(scalars), torch.Tensor):
+            if scalars and _is_tensor(kw.get(scalars)):
                 # a scalar as a tensor, which the per-tensor op takes only as a number:
                 # a + value * (b / c), as torch's addcdiv computes it (b * c for addcmul)
                 value = kw.pop(scalars)
