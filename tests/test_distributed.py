@@ -8,6 +8,10 @@ The recommended call's transforms are what the GPU met and these tests once left
 ``FastPrologue`` batched the prologue's checks before FSDP's transform gave each sharded
 parameter its shard's shape, so every call failed its prologue check (the CPU reproduces it
 through gloo: ``expected tensor with (512, 64) ... got (256, 64)``).
+The sign-flipped loss NCCL then showed was a kernel's: under FSDP the loss's mask crosses
+from one region to another, and CuTe DSL stored its true as the byte 0xFF, read back as
+-1.0. The CPU's lowered programs store bools through torch, so gloo cannot see that class;
+``test_a_bool_is_stored_as_torchs_byte_1_by_every_family`` (PTX, CPU) does.
 On the CPU through gloo (CI); on two GPUs through NCCL (``cuda``, where a machine has two).
 
 thunder's own distributed suites (``thunder/tests/distributed``) run only on CUDA with NCCL and
