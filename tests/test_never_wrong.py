@@ -125,6 +125,18 @@ def test_alpha_scales_in_the_promoted_dtype_and_rounds_once(backend, op):
     check_vs_eager(lambda a, b: getattr(a, op + "_")(b, alpha=-1.5), a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_number_to_a_tensors_powers_is_torchs_in_value_and_layout(backend, dtype):
+    """``pow(0.9, x)``: torch reads the number in the result's dtype (bf16's 0.8984375) and
+    returns a contiguous result whatever ``x``'s layout (found through ``_foreach_pow(beta,
+    steps)``, which an optimizer calls: one ulp off in 16 bits, and a transposed layout)."""
+    x = torch.randn(64, 48).to(dtype).t()
+    for f in (lambda x: torch.pow(0.9, x), lambda x: 0.7 ** (x * 2)):
+        got = thunder.jit(f, executors=[fuser_ex])(x)
+        want = f(x)
+        assert torch.equal(got, want) and got.stride() == want.stride(), (got.stride(), want.stride())
+
+
 @pytest.mark.parametrize("scales", [(3.0, 3.0), (3.0, 0.5), (1.0, 1.0)])
 def test_a_second_backward_through_a_retained_loss_graph_is_right(backend, scales):
     """The two-pass loss scales its saved gradient in place; a second backward scales it

@@ -20,6 +20,9 @@ of ``RULES`` replace the op's subsymbols before regions are claimed, anywhere in
   before promotion (a bf16 ``b * alpha``, rounded, then added to fp32 ``a``); torch computes
   ``a + alpha * b`` in the promoted computation dtype and rounds once (reading ``alpha`` in
   the result's dtype on the CPU, in the computation dtype on CUDA);
+* ``pow`` of a number to a tensor's powers: torch reads the number in the result's dtype
+  (``pow(0.9, x)`` of a bf16 ``x`` raises bf16's 0.8984375), thunder in fp32; and torch's
+  result is contiguous whatever the exponent's layout (its meta function gives no strides);
 * ``gelu`` and ``silu`` (claimed as relu, ``register``) and the ``ROUNDED_ONCE`` activations
   of 16-bit floats (softplus, mish, ...): thunder's decomposition rounds each step to 16
   bits; torch computes in fp32 and rounds once, in its own formula.
@@ -154,6 +157,25 @@ def _alpha_scales_a_tensor(bsym: BoundSymbol) -> bool:
             and (isinstance(alpha, TensorProxy) or alpha != 1))
 
 
+def _number_base(bsym: BoundSymbol) -> bool:
+    return len(bsym.args) == 2 and isinstance(bsym.args[0], (int, float)) and isinstance(bsym.args[1], TensorProxy)
+
+
+def _number_base_rounded(bsym: BoundSymbol) -> bool:
+    """A number base that the result's 16-bit dtype does not hold exactly."""
+    if not _number_base(bsym) or not isinstance(bsym.output, TensorProxy):
+        return False
+    result = bsym.output.dtype
+    return (dtypes.is_low_precision_dtype(result) and dtypes.is_float_dtype(result)
+            and float(torch.tensor(bsym.args[0], dtype=dtypes.to_torch_dtype(result))) != bsym.args[0])
+
+
+def _pow_of_a_number(base, exp):
+    """``pow(base, exp)`` with ``base`` read in the result's dtype, as torch reads it."""
+    _, result = utils.elementwise_type_promotion(base, exp, type_promotion_kind=utils.ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+    return ltorch.pow(float(torch.tensor(base, dtype=dtypes.to_torch_dtype(result))), exp)
+
+
 def _rounded_once(op):
     """``op`` of a 16-bit float computed in fp32 and rounded once, as torch's kernel does."""
     def rule(a, *args, **kwargs):
@@ -179,18 +201,21 @@ RULES: dict[str, tuple[Callable[[BoundSymbol], bool], Callable]] = {
     ltorch.log_softmax.id: (lambda b: isinstance(b.args[0], TensorProxy), _log_softmax),
     ltorch.add.id: (_alpha_scales_a_tensor, _scaled(ltorch.add)),
     ltorch.sub.id: (_alpha_scales_a_tensor, _scaled(ltorch.sub)),
+    ltorch.pow.id: (_number_base_rounded, _pow_of_a_number),
     **{op.id: (_of_16_bit_floats, _rounded_once(op)) for op in ROUNDED_ONCE},
 }
 
 
-# ops whose torch kernel returns a contiguous result whatever its input's layout: their
-# result's proxy is tagged, and a region lays out the value so (``ir/from_thunder.py``)
-CONTIGUOUS_RESULTS = frozenset((ltorch._softmax.id, ltorch.log_softmax.id, ltorch.layer_norm.id))
+# ops whose torch kernel returns a contiguous result whatever its input's layout (symbol id ->
+# does this call): their result's proxy is tagged, and a region lays out the value so
+# (``ir/from_thunder.py``)
+CONTIGUOUS_RESULTS = {ltorch._softmax.id: lambda b: True, ltorch.log_softmax.id: lambda b: True,
+                      ltorch.layer_norm.id: lambda b: True, ltorch.pow.id: _number_base}
 
 
 def _tag_contiguous_results(bsyms) -> None:
     for b in bsyms:
-        if b.sym.id in CONTIGUOUS_RESULTS and isinstance(b.output, TensorProxy):
+        if b.sym.id in CONTIGUOUS_RESULTS and isinstance(b.output, TensorProxy) and CONTIGUOUS_RESULTS[b.sym.id](b):
             b.output.tags.add(CONTIGUOUS)
         _tag_contiguous_results(b.subsymbols)
 

@@ -64,7 +64,8 @@ def _per_tensor(op: str, in_place: bool, ops):
             kw = {k: _element(v, i, k == scalars) for k, v in kwargs.items()}
             if scalars and _is_tensor(kw.get(scalars)):
                 # a scalar as a tensor, which the per-tensor op takes only as a number:
-                # a + value * (b / c), as torch's addcdiv computes it (b * c for addcmul)
+                # a + value * (b / c), as thunder's addcdiv and torch's CUDA kernel compute
+                # it (torch's CPU kernel: (value * b) / c, within fp32 rounding; b * c for addcmul)
                 value = kw.pop(scalars)
                 inner = ops("div" if op == "addcdiv" else "mul")(xs[1], xs[2])
                 op_, xs = "add", [xs[0], ops("mul")(value, inner)]
