@@ -20,7 +20,8 @@ SPECIALS = ("none", "none", "nan", "inf", "-inf")
 UNARY = (
     "torch.tanh({a})", "torch.sigmoid({a})", "torch.relu({a})", "{a}.abs()", "-{a}", "torch.exp(-{a}.abs())",
     "torch.sqrt({a}.abs() + 1)", "torch.log1p({a}.abs())", "{a} * 0.5 + 1", "{a}.float()", "{a}.to(torch.bfloat16)",
-    "F.gelu({a})", "F.silu({a})", "{a}.clamp(-1, 1)", "F.gelu({a}, approximate='tanh')",
+    "F.gelu({a})", "F.silu({a})", "{a}.clamp(-1, 1)", "F.gelu({a}, approximate='tanh')", "0.9 ** {a}",
+    "({a}.abs() + 1) ** 0.5",
 )
 BINARY = (
     "{a} + {b}", "{a} - {b}", "{a} * {b}", "torch.maximum({a}, {b})", "torch.minimum({a}, {b})",
