@@ -80,8 +80,13 @@ def test_an_optimizer_step_through_thunderfx_matches_torchs(name, torch_kernels)
     assert len(backend.subgraph_infos) == traced, "a step after the second traced again"
     fns = [f for info in backend.subgraph_infos for f in info.thunder_compiled_fns]
     assert any(plans(thunder.last_traces(f)[-1]) for f in fns), "no region of ours in the step"
-    given_away = [r.info for info in backend.subgraph_infos for r in info.split_reasons if "_foreach" in str(r.info)]
-    assert not given_away, given_away  # thunder takes torch's multi-tensor updates (patches/foreach_ops.py)
+    # thunder takes the whole step: torch's multi-tensor updates (patches/foreach_ops.py) and
+    # Dynamo's fma of a single-tensor addcmul_ (patches/dynamo_fma.py) once went to Inductor;
+    # only SGD's first step, which makes its momentum buffer with ``detach`` (thunder's own
+    # automatic fallback to torch), is split
+    given_away = [r.info for info in backend.subgraph_infos for r in info.split_reasons
+                  if "automatic torch fallback" not in r.info]
+    assert not given_away, given_away
 
     resumed = OPTIMIZERS[name](ours, torch.tensor(1e-2))
     resumed.load_state_dict(copy.deepcopy(opt.state_dict()))
