@@ -309,17 +309,18 @@ def main(argv=None) -> None:
     copy = _copy_tb_s(device)
     doc = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
            "copy_tb_s": None if copy is None else round(copy, 3), "results": []}
+    os.makedirs(a.out, exist_ok=True)
+    suffix = "" if a.master == "none" else f"-master-{a.master}"
     for name in a.models.split(","):
         res = run_model(name, a.layers or MODELS.get(name, 2), contenders, a, device)
         _limits(res, copy)
         doc["results"].append(res)
+        with open(os.path.join(a.out, f"optimizer{suffix}.json"), "w") as f:  # each model's as it ends
+            json.dump(doc, f, indent=1)
+        print(table(dict(doc, results=[res])), flush=True)
         torch._dynamo.reset()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    os.makedirs(a.out, exist_ok=True)
-    suffix = "" if a.master == "none" else f"-master-{a.master}"
-    with open(os.path.join(a.out, f"optimizer{suffix}.json"), "w") as f:
-        json.dump(doc, f, indent=1)
     print(table(doc))
 
 

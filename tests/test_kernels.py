@@ -1050,6 +1050,51 @@ def test_independent_segments_share_one_launch(name, ptx_compile, torch_kernels)
     assert ptx.count("st.global") == one  # every program's stores, in one kernel
 
 
+def _foreach_adamw(ps, gs, ms, vs, steps):
+    """torch's foreach AdamW as it runs compiled (``capturable``: the step counters 0-d
+    tensors on the device)."""
+    torch._foreach_add_(steps, 1)
+    torch._foreach_mul_(ps, 1 - 1e-3 * 0.1)
+    torch._foreach_lerp_(ms, gs, 0.1)
+    torch._foreach_mul_(vs, 0.999)
+    torch._foreach_addcmul_(vs, gs, gs, 0.001)
+    b1 = torch._foreach_pow(0.9, steps)
+    b2 = torch._foreach_pow(0.999, steps)
+    torch._foreach_sub_(b1, 1)
+    torch._foreach_sub_(b2, 1)
+    torch._foreach_neg_(b2)
+    torch._foreach_div_(b1, 1e-3)
+    torch._foreach_reciprocal_(b1)
+    torch._foreach_sqrt_(b2)
+    denom = torch._foreach_sqrt(vs)
+    torch._foreach_div_(denom, b2)
+    torch._foreach_add_(denom, 1e-8)
+    torch._foreach_div_(denom, b1)
+    torch._foreach_addcdiv_(ps, ms, denom)
+
+
+def test_an_optimizer_steps_updates_run_apart_and_share_launches(ptx_compile, torch_kernels):
+    """Each parameter's update in place is a chain of its own (``segment/chains.py``): a
+    segment each, never one kernel whose every thread runs every parameter's update; the
+    updates (and the step counters') share one launch a step, each with blocks of its own."""
+    shapes = ((64, 32), (32, 64), (2048,), (96,))
+
+    def make():
+        g = torch.Generator().manual_seed(0)
+        t = lambda: [torch.randn(s, generator=g, dtype=torch.bfloat16) for s in shapes]  # noqa: E731
+        return t(), t(), t(), [v.abs() for v in t()], [torch.tensor(float(i)) for i in range(len(shapes))]
+
+    jfn, _ = check_vs_eager(_foreach_adamw, *make())
+    (plan,) = _plans(jfn)
+    assert len(plan.segments) == 2 * len(shapes)  # each parameter's counter and its update
+    assert all(len(seg.written_roots) <= 3 for seg in plan.segments)
+    groups = [g for g in plan.groups.values() if g is not None]
+    assert plan.apart == {} and sum(len(g.parts) for g in groups) == len(plan.segments)
+    for g in groups:
+        ptx = ptx_text(segment_kernel.compile_group(g.parts, None))
+        assert ptx.count(".entry") == 1
+
+
 def test_a_misaligned_call_runs_a_shared_launch_apart(torch_kernels):
     check_a_misaligned_call_runs_a_shared_launch_apart(_r)
 

@@ -14,6 +14,11 @@ value it stores, when no one can observe the memory between it and the next writ
   nor is any of it returned, other than as ``o`` or views taken of ``o`` (transformers'
   causal mask: ``full``, then ``mask *= arange > position``, then views of it returned).
   The buffer is then invisible, so ``o`` is simply ``c`` (and those views, views of ``c``).
+  ``o`` may be returned (a foreach op's result written in place, ``torch._foreach_sqrt_``
+  of ``torch._foreach_pow(...)``'s list, then returned): the region then returns ``c``, a
+  tensor it computes, under ``o``'s name. Kept, that write was a segment's store into a
+  tensor no input holds, which no kernel can make (its step counters' segment, the
+  optimizer step's, ran op by op in torch).
 """
 
 from __future__ import annotations
@@ -41,13 +46,16 @@ def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
 
     subst: dict[int, Value] = {}
     drop: set[int] = set()
+    computed = {id(o): n for n in nodes if n.op not in METADATA for o in n.outputs}
     for i, w in enumerate(nodes):
-        if w.op != "copy_to_out_" or id(w.output) in out_ids:
+        if w.op != "copy_to_out_":
             continue
         dst, o = w.kwargs["out"], w.output
         root = roots.get(id(dst), dst)
         later_reads = [j for j in reads.get(id(o), []) if j > i]
         nxt = next((j for j in later_reads if nodes[j].op == "copy_to_out_" and nodes[j].kwargs["out"] is o), None)
+        if id(o) in out_ids and (nxt is not None or not _fresh(w.args[0], computed, out_ids)):
+            continue  # returned: only a temporary's write, its value a tensor of its own, is elided
         if nxt is not None:  # superseded
             if any(j > nxt for j in later_reads) or read_between(root, o, i, nxt):
                 continue
@@ -62,6 +70,10 @@ def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
     if not drop:
         return
     swap = lambda v: subst.get(id(v), v)  # noqa: E731
+    for k, v in enumerate(region.outputs):
+        if id(v) in subst:  # a returned temporary: its value, under the name the trace returns
+            subst[id(v)].name = v.name
+            region.outputs[k] = subst[id(v)]
     kept = []
     for i, n in enumerate(nodes):
         if i in drop:
@@ -70,6 +82,13 @@ def elide_superseded_writes(region: Region, roots: dict[int, Value]) -> None:
         n.kwargs = {k: (v if k == "out" else map_values(v, swap)) for k, v in n.kwargs.items()}
         kept.append(n)
     region.nodes = kept
+
+
+def _fresh(c, computed: dict, out_ids: set) -> bool:
+    """Is ``c`` a tensor this region computes (not an input, not a view of anything) and
+    returns no other way? Returned in place of a temporary's write, it is then a tensor of
+    its own, as the temporary was."""
+    return id(c) in computed and id(c) not in out_ids and getattr(c, "is_tensor", False)
 
 
 def _seen_other_than_through(o: Value, i: int, root: Value, nodes, roots, memory_reads, outputs) -> bool:

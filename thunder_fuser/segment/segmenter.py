@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from thunder_fuser.ir.ops import METADATA, kind_of, reduction_dims
 from thunder_fuser.ir.region import Node, Region, Value
+from thunder_fuser.segment.chains import independent_chains
 from thunder_fuser.segment.domains import iteration_domains
 from thunder_fuser.segment.hazards import WriteHazards
 from thunder_fuser.segment.recompute import cheap, reading_clones, recompute_reduction_inputs
@@ -47,6 +48,10 @@ class Segment:
     # ids of outputs that are views but are stored by the kernel all the same (a plan's
     # choice: ``plan/stored_views.py``)
     stored_views: frozenset = frozenset()
+    # ids of the storage roots its nodes read or write, and of those it writes: may it share
+    # a launch with another segment (``schedule.launch_steps``)?
+    touched_roots: frozenset = frozenset()
+    written_roots: frozenset = frozenset()
 
     def split_text(self) -> str | None:
         """``split_reason`` with ``split_from`` described as it is now: a segment keeps
@@ -311,7 +316,12 @@ def segment_region(region: Region) -> list[Segment]:
         hazards.placed(node, target)
 
     recompute_reduction_inputs(region, segments, seg_of)
+    segments = _chains_apart(segments, seg_of, dom, hazards.root)
     _finish(region, segments, seg_of)
+    for seg in segments:
+        root = lambda v: id(hazards.root.get(id(v), v))  # noqa: E731
+        seg.touched_roots = frozenset(root(v) for n in seg.nodes for v in (*n.inputs(), *n.outputs) if v.is_tensor)
+        seg.written_roots = frozenset(root(n.written) for n in seg.nodes if n.op in ("copy_", "copy_to_out_"))
     # a segment nothing reads and that writes nothing in place launches no kernel: thunder's
     # partition may leave an op in a region whose consumer recomputes it (a loss's upcast
     # beside the targets' count, ``rules/cross_entropy.py``)
@@ -321,6 +331,30 @@ def segment_region(region: Region) -> list[Segment]:
             seg.index = i
         segments = live
     return segments
+
+
+def _chains_apart(segments: list[Segment], seg_of: dict, dom: dict, roots: dict) -> list[Segment]:
+    """Each pointwise segment's independent chains of work as segments of their own, in
+    place of it (``chains.py`` says why); indices renumbered."""
+    out: list[Segment] = []
+    for seg in segments:
+        chains = [seg.nodes]
+        if seg.kind == "pointwise" and len(seg.nodes) > 1 and not seg.reduced_values and not seg.column_values:
+            chains = independent_chains(seg.nodes, roots, seg.domain)
+        for j, nodes in enumerate(chains):
+            part = seg
+            if j:
+                part = Segment(0, "pointwise", dom[id(nodes[0])], split_from=seg,
+                               split_reason=f"it shares no value and no written memory with {SEG}: blocks of its own")
+            part.nodes = nodes
+            part.reads = {id(x) for n in nodes for x in n.inputs()}
+            for n in nodes:
+                for o in n.outputs:
+                    seg_of[id(o)] = part
+            out.append(part)
+    for i, seg in enumerate(out):
+        seg.index = i
+    return out
 
 
 def _hoist_per_row_values(producer_segs: list[Segment], segments: list[Segment], seg_of: dict,

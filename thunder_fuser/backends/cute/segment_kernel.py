@@ -325,8 +325,8 @@ def launch_group(kernels: list, defer: bool = False) -> tuple[LaunchGroup | None
             return None, "a member runs on the reference backend"
         if len(k.parts) != 1 or k.parts[0].prog.family != "pointwise" or k.parts[0].geo.columns:
             return None, f"segment {k.seg.index} is not one pointwise launch"
-        if k.write_outs or k.mode != kernels[0].mode or k.device != kernels[0].device:
-            return None, f"segment {k.seg.index} writes in place or runs elsewhere"
+        if k.mode != kernels[0].mode or k.device != kernels[0].device:
+            return None, f"segment {k.seg.index} runs elsewhere"
         if k.parts[0].geo.stage:
             return None, f"segment {k.seg.index} stages operands through shared memory (a block-wide tile)"
         if k.parts[0].geo.index64:

@@ -132,7 +132,9 @@ def _pow(a, b):
             return cute.math.sqrt(a)
         if b == 3:
             return a * a * a
-    return cute.math.pow(a, b)
+    # a number raised to a tensor's powers (an optimizer's bias correction, ``beta ** step``):
+    # the DSL's pow takes vectors only
+    return cute.math.pow(_typed_like(a, b), _typed_like(b, a))
 
 
 def _nonzero_number(x) -> bool:
