@@ -270,7 +270,8 @@ def _limits(res: dict, copy: float | None) -> None:
 
 
 def table(doc: dict) -> str:
-    lines = [f"copy {doc['copy_tb_s']} TB/s; {doc['device']}; torch {doc['torch']}",
+    lines = [f"{doc['device']}; torch {doc['torch']}; the copy limit of each model's bytes at the copy bandwidth "
+             f"measured in its run", "",
              "| model | params | master | contender | step ms | x copy limit | GPU ms | kernels | extra MiB "
              "| regions | first step s | error |", "|" + " --- |" * 12]
     for res in doc["results"]:
@@ -283,7 +284,8 @@ def table(doc: dict) -> str:
                 "" if extra is None else round(extra / 2**20, 1), row.get("regions") or "",
                 row.get("first_step_s", ""), row.get("error", ""))) + " |")
         if "limit_ms" in res:
-            lines.append(f"| {res['model']} copy limit | | | | {res['limit_ms']} | 1.0 | | | | | | |")
+            lines.append(f"| {res['model']} copy limit ({res.get('copy_tb_s', doc['copy_tb_s'])} TB/s) | | | | "
+                         f"{res['limit_ms']} | 1.0 | | | | | | |")
     return "\n".join(lines)
 
 
@@ -314,6 +316,7 @@ def main(argv=None) -> None:
     for name in a.models.split(","):
         res = run_model(name, a.layers or MODELS.get(name, 2), contenders, a, device)
         _limits(res, copy)
+        res["copy_tb_s"] = doc["copy_tb_s"]
         doc["results"].append(res)
         with open(os.path.join(a.out, f"optimizer{suffix}.json"), "w") as f:  # each model's as it ends
             json.dump(doc, f, indent=1)

@@ -210,7 +210,7 @@ def test_several_models_run_each_in_a_process_of_its_own(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("module", ["models", "run", "decode", "distributed", "cross_entropy", "segmentation_time",
-                                    "profile_one", "warm_cache", "summary"])
+                                    "profile_one", "warm_cache", "summary", "optimizer"])
 def test_every_benchmark_command_explains_itself(module, capsys):
     """issue 62: --help describes the command and each option with its default, names the
     models and contenders (the model benchmark), and runs nothing."""
@@ -239,6 +239,23 @@ def test_every_benchmark_command_explains_itself(module, capsys):
         import re
 
         assert re.search(r"--steps STEPS\s+timed steps .*\(default:\s+30[;)]", text, re.S), text
+
+
+@pytest.mark.parametrize("master", ["none", "fp32"])
+def test_the_optimizer_benchmark_steps_every_contender_alike_on_the_cpu(tmp_path, master):
+    """``benchmarks.optimizer --tiny``: each contender's AdamW steps over a zoo model's
+    parameters, checked against eager's, the step through us one region (issue 61)."""
+    import json
+
+    from benchmarks import optimizer
+
+    optimizer.main(["--tiny", "--out", str(tmp_path), "--models", "Llama-3.2-1B", "--layers", "1", "--master", master,
+                    "--contenders", "eager,thunderfx+fuser", "--steps", "1", "--rounds", "1"])
+    name = "optimizer.json" if master == "none" else f"optimizer-master-{master}.json"
+    (res,) = json.loads((tmp_path / name).read_text())["results"]
+    rows = res["contenders"]
+    assert set(rows) == {"eager", "thunderfx+fuser"} and not any("error" in r for r in rows.values()), rows
+    assert rows["thunderfx+fuser"]["regions"] == 1 and res["master"] == master
 
 
 def test_a_gpu_benchmark_says_so_in_one_line_on_a_machine_without_one(monkeypatch):

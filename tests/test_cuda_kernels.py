@@ -484,6 +484,25 @@ def test_independent_segments_of_three_shapes_share_one_launch(dtype):
     assert len(plan.groups[0].parts) == 3 and plan.groups[0].fn is not None, plan.apart
 
 
+def test_an_optimizer_steps_in_place_updates_share_launches():
+    """torch's foreach AdamW as it runs compiled (step counters on the device), bf16: each
+    parameter's update a segment of its own, the updates (and the counters) one launch a
+    step, every tensor written in place as eager writes it (``segment/chains.py``)."""
+    from test_kernels import _foreach_adamw
+
+    shapes = ((512, 256), (256, 512), (1 << 20,), (3000,), (96,))
+
+    def t():
+        return [_randn(*s, dtype=torch.bfloat16) for s in shapes]
+
+    steps = [torch.tensor(float(i), device="cuda") for i in range(len(shapes))]
+    jfn, _ = run_without_fallback(_foreach_adamw, t(), t(), t(), [v.abs() for v in t()], steps)
+    (plan,) = plans(thunder.last_traces(jfn)[-1])
+    groups = [g for g in plan.groups.values() if g is not None]
+    assert plan.apart == {} and groups and all(g.fn is not None for g in groups)
+    assert sum(len(g.parts) for g in groups) == len(plan.segments) == 2 * len(shapes)
+
+
 def test_a_misaligned_call_runs_a_shared_launch_apart():
     """The members' own kernels are compiled on demand for that call (a group member's are not at first)."""
     check_a_misaligned_call_runs_a_shared_launch_apart(_randn)
