@@ -14,13 +14,12 @@ import warnings
 
 import torch
 from thunder.core import dtypes, prims, utils
-from thunder.core.proxies import Proxy, TensorProxy, unvariableify
+from thunder.core.proxies import Proxy, TensorProxy, unvariableify, variableify
 from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
 from thunder.core.transform_common import dce
 from thunder.executors.passes import update_fusion_call_ctx
-from thunder.executors.utils import Region as ThunderRegion
 from thunder.extend import FusionExecutor, register_executor
 
 from thunder_fuser.inspect import debug
@@ -206,7 +205,7 @@ class FuserExecutor(FusionExecutor):
             if not self.get_fuel():
                 fused.extend((b, [b]) for b in bsyms)
                 continue
-            fused.append((self.fuse(ThunderRegion(producers, consumers, bsyms), counter), bsyms))
+            fused.append((self.fuse(_thunder_region(producers, consumers, bsyms), counter), bsyms))
             counter += 1
         out = from_trace(trace)
         out.bound_symbols = place_notes(fused, notes)
@@ -234,6 +233,36 @@ class FuserExecutor(FusionExecutor):
         ms = (time.perf_counter_ns() - start) // 1_000_000
         out.set_provenance(TraceProvenance(f"thunder_fuser fusion (took {ms} milliseconds)"))
         return out
+
+
+def _thunder_region(producers, consumers, bsyms: list):
+    """What ``thunder.executors.utils.Region`` gives a fusion (its bound symbols, and the
+    proxies it reads from before it and those read after it, in trace order), with the
+    region's symbols a set of identities: thunder's asks ``producer in bound_symbols`` of a
+    list, each test a structural comparison, quadratic in the region's size (164 of a 600 s
+    first call under cProfile: a foreach AdamW over 148 parameters, one region)."""
+    from types import SimpleNamespace
+
+    from thunder.core.transform_common import order_proxies
+    from thunder.executors.utils import comment_symbols
+
+    mine = {id(b) for b in bsyms}
+    consumed: dict[str, Proxy] = {}
+    produced: dict[str, Proxy] = {}
+    for bsym in bsyms:
+        for x in bsym.flat_outs:
+            if isinstance(x, Proxy) and id(producers.get(x, None)) in mine:
+                produced.setdefault(x.name, x)
+        if bsym.sym.id not in comment_symbols:
+            for x in bsym.flat_args:
+                if isinstance(x, Proxy):
+                    consumed.setdefault(x.name, x)
+    inputs = [x for x in consumed.values() if id(producers.get(x, None)) not in mine]
+    outputs = [x for x in produced.values() if any(id(c) not in mine for c in consumers.get(x, ()))]
+    order = order_proxies(bsyms)
+    by_order = lambda x: order[x.name]  # noqa: E731
+    return SimpleNamespace(bound_symbols=bsyms, inputs=[variableify(x) for x in sorted(inputs, key=by_order)],
+                           outputs=[variableify(x) for x in sorted(outputs, key=by_order)])
 
 
 # by symbol name: the same for thunder's torch-level symbols, its prims and the torch
