@@ -104,7 +104,10 @@ def _bytes_held(model, *keep) -> int:
     seen, total = set(), 0
     for o in gc.get_objects():
         if isinstance(o, torch.Tensor) and o.device.type != "meta":
-            ptr = o.untyped_storage().data_ptr()
+            try:
+                ptr = o.untyped_storage().data_ptr()
+            except RuntimeError:  # a fake tensor an earlier test's Dynamo compile left alive: no memory
+                continue
             if ptr and ptr not in owned and ptr not in seen:
                 seen.add(ptr)
                 total += o.untyped_storage().nbytes()
