@@ -17,14 +17,9 @@ and the read must stay as the kernel kept it).
 
 from __future__ import annotations
 
+import math
+
 from thunder_fuser.ir.region import Node, Value
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def independent_chains(nodes: list[Node], roots: dict[int, Value], domain: tuple) -> list[list[Node]]:
@@ -48,9 +43,8 @@ def independent_chains(nodes: list[Node], roots: dict[int, Value], domain: tuple
     def root(v: Value) -> int:
         return id(roots.get(id(v), v))
 
-    writes = [n for n in nodes if n.op in ("copy_", "copy_to_out_")]
-    written = {root(n.written) for n in writes}
-    full = _numel(domain)
+    written = {root(n.written) for n in nodes if n.op in ("copy_", "copy_to_out_")}
+    full = math.prod(domain)
     made: dict[int, int] = {}  # value id -> the node that computes it
     first_reader: dict[int, int] = {}  # value id -> the first node that reads it
     memory: dict[int, int] = {}  # written root id -> the first node that reads or writes it
@@ -58,10 +52,9 @@ def independent_chains(nodes: list[Node], roots: dict[int, Value], domain: tuple
         for v in n.inputs():
             if id(v) in made:
                 union(i, made[id(v)])
-            elif getattr(v, "is_tensor", False) and _numel(v.shape) >= full:
+            elif getattr(v, "is_tensor", False) and math.prod(v.shape) >= full:
                 union(i, first_reader.setdefault(id(v), i))
-        touched = list(n.inputs()) + list(n.outputs) + ([n.written] if n in writes else [])
-        for v in touched:
+        for v in (*n.inputs(), *n.outputs):  # a write's inputs hold the tensor it writes
             if root(v) in written:
                 union(i, memory.setdefault(root(v), i))
         for o in n.outputs:

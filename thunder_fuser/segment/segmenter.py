@@ -318,8 +318,8 @@ def segment_region(region: Region) -> list[Segment]:
     recompute_reduction_inputs(region, segments, seg_of)
     segments = _chains_apart(segments, seg_of, dom, hazards.root)
     _finish(region, segments, seg_of)
+    root = lambda v: id(hazards.root.get(id(v), v))  # noqa: E731
     for seg in segments:
-        root = lambda v: id(hazards.root.get(id(v), v))  # noqa: E731
         seg.touched_roots = frozenset(root(v) for n in seg.nodes for v in (*n.inputs(), *n.outputs) if v.is_tensor)
         seg.written_roots = frozenset(root(n.written) for n in seg.nodes if n.op in ("copy_", "copy_to_out_"))
     # a segment nothing reads and that writes nothing in place launches no kernel: thunder's
