@@ -54,3 +54,38 @@ def test_thunders_autograd_dummies_are_made_without_torchs_python_randn():
     torch.manual_seed(0)
     assert torch.equal(a, torch.randn(3, 4))
     assert meta_dummy.cheapen_thunders_meta_dummies()  # a second call keeps the proxy
+
+
+def test_the_quick_alias_key_answers_as_thunders_own():
+    """``patches/alias_keys.py``: the key thunder picks its trace by, for tensors that share
+    no storage, share it (a view, the same tensor twice), parameters, numbers and nested
+    arguments, is thunder's own; a jitted function gets it."""
+    import thunder
+
+    from thunder_fuser.patches.alias_keys import quick_alias_key
+
+    a, b = torch.randn(4, 4), torch.randn(4)
+    p = torch.nn.Parameter(torch.randn(3))
+    calls = []
+
+    def thunders(*args, **kwargs):  # what thunder answers, recorded
+        calls.append(args)
+        groups = {}
+        for i, t in enumerate(args):
+            if type(t) is torch.Tensor:
+                groups.setdefault(t.untyped_storage().data_ptr(), []).append(i)
+        return "-".join(",".join(map(str, g)) for g in groups.values() if len(g) > 1)
+
+    key = quick_alias_key(thunders)
+    assert key(a, b, p, 2, None) == "" and not calls
+    assert key(a, b, a[1]) == "0,2" and len(calls) == 1
+    assert key(a, b, a) == "0,2"
+    assert key([a, a]) == thunders([a, a])  # a nested argument: thunder flattens it
+    assert key(a, x=a) == thunders(a, x=a)
+
+    jfn = thunder.jit(lambda x, y: x + y)
+    populate = thunder.compile_data(jfn).populate_cache_info
+    cells = dict(zip(populate.__code__.co_freevars, populate.__closure__))
+    assert hasattr(cells["_alias_tensor_of_args_kwargs"].cell_contents, "original")
+    x = torch.randn(4)
+    torch.testing.assert_close(jfn(x, x[None, 0].expand(4)), x + x[0])

@@ -1,0 +1,77 @@
+"""thunder's per-call aliasing key without its Python loop, where no two tensors share storage.
+
+Every call of a ``thunder.jit`` function (each ThunderFX piece included) groups its tensor
+arguments by storage (``_alias_tensor_of_args_kwargs``, a closure ``thunder.jit`` makes) to
+pick the trace made for that aliasing: a ``tree_flatten``, then per tensor a loop iteration
+with two dict updates. An optimizer step passes every parameter, gradient and moment: 444
+plain tensors of GPT-2's AdamW took 1.04 ms of a 3.55 ms step on the H200's host.
+
+Where every argument is a leaf of thunder's ``tree_flatten`` (a tensor, a number, ``None``:
+what ThunderFX passes) and no keyword is given, the storages' addresses are read in one
+comprehension and compared as a set: all distinct, the key is ``""``, as thunder's would be;
+any shared, thunder's own function answers. The answer is thunder's in every case; only the
+common one is quicker (0.26 against 0.64 ms for 592 tensors on a CPU host). Installed on
+each function ``thunder.jit`` makes (it wraps ``thunder.jit``; a caller that bound
+``from thunder import jit`` before ``thunder_fuser`` was imported keeps thunder's), on
+thunder 0.2.6 only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_LEAVES = frozenset((torch.Tensor, torch.nn.Parameter, int, float, bool, type(None)))
+
+
+def quick_alias_key(original):
+    """``original`` (thunder's ``_alias_tensor_of_args_kwargs``), answered without its loop
+    where no two plain tensors among flat arguments share storage."""
+    tensor, strided = torch.Tensor, torch.strided
+
+    def alias_key(*args, **kwargs) -> str:
+        if kwargs or not set(map(type, args)) <= _LEAVES:
+            return original(*args, **kwargs)
+        ptrs = [a.untyped_storage().data_ptr() for a in args if type(a) is tensor and a.layout is strided]
+        if len(set(ptrs)) == len(ptrs):
+            return ""
+        return original(*args, **kwargs)
+
+    alias_key.original = original
+    return alias_key
+
+
+def _install(jitted) -> None:
+    """Swap the key function in the closure of ``jitted``'s ``populate_cache_info``."""
+    import thunder
+
+    populate = getattr(thunder.compile_data(jitted), "populate_cache_info", None)
+    code = getattr(populate, "__code__", None)
+    if code is None or populate.__closure__ is None:
+        return
+    for name, cell in zip(code.co_freevars, populate.__closure__):
+        if name == "_alias_tensor_of_args_kwargs" and not hasattr(cell.cell_contents, "original"):
+            cell.cell_contents = quick_alias_key(cell.cell_contents)
+
+
+def quick_alias_keys() -> bool:
+    """Wrap ``thunder.jit`` so that each function it makes gets the quick key; whether it
+    took (another thunder keeps its own)."""
+    import thunder
+
+    if thunder.__version__ != "0.2.6":
+        return False
+    if getattr(thunder.jit, "quick_alias_keys", False):
+        return True
+    jit = thunder.jit
+
+    @functools.wraps(jit)
+    def quick_jit(*args, **kwargs):
+        jitted = jit(*args, **kwargs)
+        _install(jitted)
+        return jitted
+
+    quick_jit.quick_alias_keys = True
+    thunder.jit = quick_jit
+    return True
