@@ -29,11 +29,18 @@ MORE_HF = ("hf-GPT2",)
 MORE = MORE_LITGPT + MORE_HF
 # shapes too large for one GPU at full depth, for the sharded benchmark (benchmarks.distributed)
 SHARDED_LITGPT = ("Llama-3.1-8B", "Llama-3.1-70B")
+# the zoo's (``benchmarks.zoo``) other litgpt configs: what users train beside the above
+ZOO_LITGPT = ("Llama-3.2-3B", "Mistral-7B-v0.1", "Phi-3-mini-4k-instruct", "Gemma-2-2b", "Qwen2.5-1.5B",
+              "OLMo-1B-hf", "falcon-7b", "stablelm-3b-4e1t", "pythia-1b")
+# and transformers' (4.52.4) Mistral, Phi3 and Gemma2 (its logits soft-capped)
+ZOO_HF = ("hf-Mistral", "hf-Phi3", "hf-Gemma2")
 
 # tiny sizes for the CPU (every name's structure, a few thousand parameters)
 TINY_LITGPT = dict(n_embd=64, n_head=4, intermediate_size=128, padded_vocab_size=512, vocab_size=500, block_size=64,
                    head_size=16)
-TINY_GROUPS = {"Llama-3.2-1B": 2, "pythia-410m": 4, "gemma-2b": 2, "phi-2": 4, "Llama-3.1-8B": 2, "Llama-3.1-70B": 2}
+TINY_GROUPS = {"Llama-3.2-1B": 2, "pythia-410m": 4, "gemma-2b": 2, "phi-2": 4, "Llama-3.1-8B": 2, "Llama-3.1-70B": 2,
+               "Llama-3.2-3B": 2, "Mistral-7B-v0.1": 2, "Phi-3-mini-4k-instruct": 4, "Gemma-2-2b": 2,
+               "Qwen2.5-1.5B": 2, "OLMo-1B-hf": 4, "falcon-7b": 1, "stablelm-3b-4e1t": 4, "pythia-1b": 4}
 TINY_MAX_SEQ = TINY_LITGPT["block_size"]  # the longest sequence every tiny model takes
 TINY_HF = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                max_position_embeddings=128)
@@ -44,7 +51,18 @@ HF_SIZES = {
     "hf-Qwen2": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
                      num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True),
     "hf-GPT2": dict(vocab_size=50304, hidden_size=768, num_attention_heads=12, max_position_embeddings=1024),
+    # Mistral-7B's, Phi-3-mini's and gemma-2-2b's sizes
+    "hf-Mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                       num_key_value_heads=8, max_position_embeddings=4096),
+    "hf-Phi3": dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_attention_heads=32,
+                    num_key_value_heads=32, max_position_embeddings=4096),
+    "hf-Gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=256, max_position_embeddings=8192),
 }
+# what a tiny model of these needs beside ``TINY_HF`` (Gemma2's heads are 256 wide by default)
+TINY_HF_MORE = {"hf-Gemma2": dict(head_dim=16), "hf-Phi3": dict(pad_token_id=0)}
+# transformers applies Gemma2's attention soft-capping only in its eager attention
+HF_ATTENTION = {"hf-Gemma2": "eager"}
 # GPT-2 without dropout (litgpt's models have none: steps compare with eager's), its MLP's
 # width its own default (4x), keys its config maps (``n_embd``, ``n_head``, ``n_positions``)
 TINY_GPT2 = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, max_position_embeddings=128)
@@ -96,7 +114,7 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
                 return build(name, layers, tiny, None, dtype, seed)  # None: where it is made
         finally:
             torch.set_default_dtype(default)
-    if name in LITGPT + MORE_LITGPT + SHARDED_LITGPT:
+    if name in LITGPT + MORE_LITGPT + SHARDED_LITGPT + ZOO_LITGPT:
         import litgpt
 
         extra = dict(TINY_LITGPT, n_query_groups=TINY_GROUPS[name]) if tiny else {}
@@ -107,7 +125,7 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
                       vocab=cfg.padded_vocab_size, rotary_percentage=cfg.rotary_percentage,
                       parallel_residual=cfg.parallel_residual)
         vocab = cfg.vocab_size
-    elif name in HF + MORE_HF:
+    elif name in HF + MORE_HF + ZOO_HF:
         import transformers
 
         model, sizes = hf_causal_lm(name, layers, tiny, use_cache=False)
@@ -115,7 +133,7 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
         config = dict(source=f"transformers {transformers.__version__}", num_hidden_layers=layers, **sizes)
         vocab = sizes["vocab_size"]
     else:
-        raise ValueError(f"unknown model {name!r}; one of {MODELS + MORE + SHARDED_LITGPT}")
+        raise ValueError(f"unknown model {name!r}; one of {MODELS + MORE + SHARDED_LITGPT + ZOO_LITGPT + ZOO_HF}")
     return Built(name, module.to(dtype=dtype) if device is None else module.to(device=device, dtype=dtype), config,
                  vocab)
 
@@ -131,9 +149,9 @@ def hf_causal_lm(name: str, layers: int, tiny: bool, **options):
         cfg = transformers.GPT2Config(num_hidden_layers=layers, attn_implementation="sdpa", **NO_DROPOUT, **options,
                                       **sizes)
         return transformers.GPT2LMHeadModel(cfg), sizes
-    sizes = TINY_HF if tiny else HF_SIZES[name]
-    cfg = getattr(transformers, f"{kind}Config")(num_hidden_layers=layers, attn_implementation="sdpa", **options,
-                                                 **sizes)
+    sizes = dict(TINY_HF, **TINY_HF_MORE.get(name, {})) if tiny else HF_SIZES[name]
+    cfg = getattr(transformers, f"{kind}Config")(num_hidden_layers=layers,
+                                                 attn_implementation=HF_ATTENTION.get(name, "sdpa"), **options, **sizes)
     return getattr(transformers, f"{kind}ForCausalLM")(cfg), sizes
 
 

@@ -276,3 +276,33 @@ def test_the_results_page_is_the_latest_results_generated():
 
     root = Path(__file__).resolve().parent.parent
     assert (root / "benchmarks" / "RESULTS.md").read_text() == page(str(root / "benchmarks" / "results"))
+
+
+def test_the_zoo_steps_every_contender_with_its_optimizer_on_the_cpu(tmp_path):
+    """``benchmarks.zoo --tiny``: a whole training step with AdamW in the loop, each
+    contender's loss, gradients and first update checked against eager's before its timed
+    turns, the optimizer's step through ThunderFX and our executors in one of them."""
+    import json
+
+    from benchmarks import zoo
+
+    zoo.main(["--tiny", "--out", str(tmp_path), "--models", "hf-GPT2", "--steps", "1",
+              "--contenders", "eager,thunder+fuser,thunder+fuser+step"])
+    res = json.loads((tmp_path / "zoo-hf-GPT2.json").read_text())
+    rows = res["contenders"]
+    assert set(rows) == {"eager", "thunder+fuser", "thunder+fuser+step"}
+    assert all(r["error"] is None and r["step_ms"] > 0 for r in rows.values()), rows
+    assert res["layers"] == 2 and res["full_depth"] == 12
+
+
+def test_zoo_kernels_are_told_apart_by_name():
+    from benchmarks.zoo import kernel_kind
+
+    assert kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert kernel_kind("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNN") == "matmul"
+    assert kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert kernel_kind("kernel_cutlass_kernel_tensorptrbf16_gmem_align16_o_101_tensorptrbf16_gmem_align16_o_101____0") == "ours"
+    assert kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>") \
+        == "optimizer"
+    assert kernel_kind("triton_poi_fused_add_mul_0") == "triton"
+    assert kernel_kind("void at::native::elementwise_kernel<128, 2>(direct_copy_kernel_cuda)") == "torch"

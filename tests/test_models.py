@@ -19,7 +19,7 @@ import thunder
 import torch
 
 import thunder_fuser
-from benchmarks.model_zoo import LITGPT, MODELS, MORE, MORE_LITGPT, batch, build
+from benchmarks.model_zoo import LITGPT, MODELS, MORE, MORE_LITGPT, ZOO_HF, ZOO_LITGPT, batch, build
 from helpers import plans
 from thunder_fuser import fuser_ex
 from thunder_fuser.backends.cute.backend import KernelFallbackWarning
@@ -76,6 +76,25 @@ def test_training_step_matches_eager_with_no_fallback(name, way, torch_kernels):
     backward, the gradients' pads transposed back, attention outputs strided as CUDA's: each
     once a fallback)."""
     assert _step_matches_eager(name, "cpu", torch.float32, EXECUTORS[way](), 1e-4) == []
+
+
+# transformers' Phi3 splits its fused qkv projection into q, k and v views: the backward's
+# gradient of k (and v) summed over the grouped heads, transposed and merged back into the
+# projection's columns, a reshape that merges dims apart in memory inside a pad's segment,
+# which no kernel view takes ('reshape of ... needs a copy at these strides'): four segments
+# on the reference backend, right but a copy each (``tiling/geometry.py``'s ``_view``; the
+# unmerge rewrite covers a trailing merge of a load, not this one)
+_PHI3_PAD_MERGE = pytest.mark.xfail(strict=True, reason="a merge of dims apart in memory inside a pad's segment")
+
+
+@pytest.mark.parametrize("name", [n if n != "hf-Phi3" else pytest.param(n, marks=_PHI3_PAD_MERGE)
+                                  for n in ZOO_LITGPT + ZOO_HF])
+def test_a_zoo_models_training_step_matches_eager_with_no_fallback(name, torch_kernels):
+    """The zoo's other architectures (``benchmarks.zoo``: Gemma-2's soft-capped logits,
+    Falcon's one key-value head, StableLM's and pythia's partial rotary, OLMo's LayerNorm
+    without weights, transformers' Mistral, Phi3 and Gemma2), tiny, through the README's
+    call: eager's loss and gradients, every segment on a kernel."""
+    assert _step_matches_eager(name, "cpu", torch.float32, thunder_fuser.executors(), 1e-4) == []
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -147,7 +166,7 @@ def test_thunder_cannot_trace_a_transformers_model_with_its_kv_cache():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("batch_size", [2, 1])
-@pytest.mark.parametrize("name", MODELS + MORE)
+@pytest.mark.parametrize("name", MODELS + MORE + ZOO_LITGPT + ZOO_HF)
 def test_training_step_on_kernels(name, batch_size):
     """bf16 on generated kernels beside attention_ex (cuDNN's attention): eager's loss and
     gradients, no segment on the reference backend, no kernel warning; at batch 1 too. Four
@@ -171,5 +190,5 @@ def test_gpt2s_position_gradient_in_bf16_runs_on_kernels(torch_kernels):
 def test_every_litgpt_name_is_a_litgpt_config():
     import litgpt
 
-    for name in LITGPT + MORE_LITGPT:
+    for name in LITGPT + MORE_LITGPT + ZOO_LITGPT:
         litgpt.Config.from_name(name)

@@ -1,0 +1,359 @@
+"""The model zoo: whole training steps of the models users train, optimizer in the loop.
+
+    python -m benchmarks.zoo [--models Llama-3.2-1B,phi-2] [--contenders ...] [--tiny]
+
+Each model is somebody else's code (litgpt configs, transformers models built from configs:
+``model_zoo.py``) at its real width and at its full depth, or at the depth ``ZOO`` gives where
+one GPU cannot hold every contender of it at once (each contender keeps its parameters,
+gradients and AdamW's two moments, all bf16). A step is what a training loop runs: the
+forward with the loss, the backward, torch's AdamW step (``fused=True``) and
+``zero_grad(set_to_none=True)``, over ``--batch`` x ``--seq`` tokens (4096 by default).
+
+Contenders, every one in this process: eager, torch.compile (the model; the step's
+optimizer is torch's fused AdamW for every contender but one), thunder with the
+torch.compile executor, thunder + fuser (the README's recommended call), thunderfx + fuser
+(the model through ThunderFX with our executors), and ``thunder+fuser+step``: thunder +
+fuser with the optimizer's step through ThunderFX and our executors as well
+(``torch.compile(opt.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))``).
+
+Before any timing each contender's first step is checked against eager's from the same
+weights: the loss, every gradient, and every parameter's update by the optimizer (bf16
+tolerance; the update's relative error: AdamW's first step moves each weight by about the
+learning rate). The contenders are then timed in interleaved turns (``models.time_interleaved``),
+so a contender that needs the allocator to hand back the same addresses shows it; after the
+turns each is checked again (``models.check_after_turns``). Per contender: the step's time,
+tokens/s, peak and held memory, the first step's seconds, and one profiled step's GPU time by
+kind of kernel (``kernel_kinds``): matmuls, attention, our kernels, the optimizer's, Triton's,
+and every other torch kernel by name (what our regions left outside).
+
+``--tiny`` runs the same harness on the CPU with tiny configs in fp32 (its timings mean nothing).
+Writes ``zoo-<model>.json`` per model into ``--out`` and prints a table last.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import time
+import traceback
+import warnings
+
+import torch
+
+from benchmarks import cli
+from benchmarks.contenders import run_label, wrap
+from benchmarks.model_zoo import batch, build
+from benchmarks.models import (
+    GiB,
+    _check,
+    _device,
+    _device_and_dtype,
+    _fallbacks,
+    _rel,
+    _sync,
+    check_after_turns,
+    graph_pools,
+    time_interleaved,
+    with_pools,
+)
+
+# model -> (layers run, its full depth): full depth where the H200 (141 GB) holds every
+# contender at once at 4096 tokens a step, else cut, never below 8
+ZOO = {
+    "Llama-3.2-1B": (16, 16), "Llama-3.2-3B": (14, 28), "Mistral-7B-v0.1": (8, 32), "phi-2": (16, 32),
+    "Phi-3-mini-4k-instruct": (10, 32), "Gemma-2-2b": (12, 26), "Qwen2.5-1.5B": (28, 28), "OLMo-1B-hf": (16, 16),
+    "falcon-7b": (8, 32), "stablelm-3b-4e1t": (12, 32), "pythia-1b": (16, 16), "pythia-410m": (24, 24),
+    "hf-Llama": (16, 16), "hf-Qwen2": (24, 24), "hf-Mistral": (8, 32), "hf-Phi3": (10, 32), "hf-Gemma2": (12, 26),
+    "hf-GPT2": (12, 12),
+}
+TINY_MODELS = ("Llama-3.2-1B", "hf-GPT2")
+CONTENDERS = ("eager", "torch.compile", "thunder+torchcompile", "thunder+fuser", "thunder+fuser+step",
+              "thunderfx+fuser")
+LR, WEIGHT_DECAY = 1e-3, 0.1
+UPDATE_TOL = 5e-2  # relative error of a parameter's first update against eager's
+
+
+class Trainer:
+    """One contender's model, optimizer and step."""
+
+    def __init__(self, kind: str, module: torch.nn.Module, device: str):
+        self.kind, self.module = kind, module
+        self.fn = wrap(kind, module)
+        self.opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+        self.opt_step = self.opt.step
+        if kind.endswith("+step"):
+            from thunder.dynamo import ThunderCompiler
+
+            import thunder_fuser
+
+            # ThunderFX's pieces run our kernels, not torch's fused one
+            self.opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+            self.opt_step = torch.compile(self.opt.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))
+
+    def forward_backward(self, idx, targets):
+        loss = self.fn(idx, targets)
+        loss.backward()
+        return loss.detach()
+
+    def step(self, idx, targets):
+        """One training step: forward and backward, the optimizer's step, zeroed gradients."""
+        loss = self.forward_backward(idx, targets)
+        self.opt_step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss
+
+    def time_steps(self, idx, targets, n: int) -> list[float]:
+        times = []
+        for _ in range(n):
+            if torch.cuda.is_available():
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                self.step(idx, targets)
+                e.record()
+                torch.cuda.synchronize()
+                times.append(s.elapsed_time(e))
+            else:
+                t0 = time.perf_counter()
+                self.step(idx, targets)
+                times.append((time.perf_counter() - t0) * 1000)
+        return times
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` on the host in fp32 (never ``t`` itself, which a step then changes)."""
+    return t.detach().to("cpu", torch.float32, copy=True)
+
+
+def _update_error(module, before: list, ref_updates: list) -> str | None:
+    """None when every parameter moved as eager's optimizer moved it (``UPDATE_TOL``)."""
+    for (name, p), b, want in zip(module.named_parameters(), before, ref_updates):
+        got = _host(p) - b
+        if want.norm() == 0:
+            continue
+        err = _rel(got, want)
+        if not err < UPDATE_TOL:
+            return f"the optimizer's update of {name} off by {err:.2e}"
+    return None
+
+
+KINDS = (
+    ("ours", ("kernel_cutlass_kernel",)),  # a CuTe DSL kernel: ``kernel_cutlass_<function>_<its operands>``
+    ("matmul", ("gemm", "nvjet", "xmma", "cublas", "cutlass", "splitk")),
+    ("attention", ("flash", "fmha", "attention", "cudnn", "sdpa", "mha")),
+    ("optimizer", ("multi_tensor_apply", "fused_adam", "adam")),
+    ("triton", ("triton",)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """What a GPU kernel is, by its name: one of ``KINDS``, else ``torch``."""
+    low = name.lower()
+    return next((kind for kind, marks in KINDS if any(m in low for m in marks)), "torch")
+
+
+def kernel_kinds(prof) -> dict:
+    """GPU ms of a profiled step by kind of kernel, and the torch kernels by name."""
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ms: dict[str, float] = {}
+    torch_kernels: dict[str, list] = {}
+    for e in kernels:
+        kind = kernel_kind(e.name)
+        ms[kind] = ms.get(kind, 0.0) + e.device_time / 1e3
+        if kind == "torch":
+            hit = torch_kernels.setdefault(e.name[:160], [0, 0.0])
+            hit[0] += 1
+            hit[1] += e.device_time / 1e3
+    left = sorted(torch_kernels.items(), key=lambda kv: -kv[1][1])
+    return {"kernels_per_step": len(kernels), "gpu_ms": round(sum(e.device_time for e in kernels) / 1e3, 3),
+            "gpu_ms_by_kind": {k: round(v, 3) for k, v in sorted(ms.items())},
+            "torch_kernels": [{"name": n, "calls": c, "ms": round(t, 3)} for n, (c, t) in left[:20]]}
+
+
+def _profile(trainer: Trainer, idx, targets) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        trainer.step(idx, targets)
+        torch.cuda.synchronize()
+    return kernel_kinds(prof)
+
+
+def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, timers: list, checks: list) -> dict:
+    device, dtype = _device_and_dtype(tiny)
+    others, pools_before = 0, {}
+    if torch.cuda.is_available():
+        gc.collect()
+        others = torch.cuda.memory_allocated()
+        pools_before = graph_pools(torch.cuda.memory_snapshot())
+    built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
+    module = built.module
+    module.load_state_dict(ref["state"])
+    idx, targets = ref["batch"]
+    res: dict = {"error": None}
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _sync()
+            t0 = time.perf_counter()
+            trainer = Trainer(kind, module, device)
+            loss = trainer.forward_backward(idx, targets)
+            _sync()
+            res["first_call_s"] = round(time.perf_counter() - t0, 2)
+            bad = _check(module, loss, ref["loss"], ref["grads"])
+            if bad:
+                res["error"] = f"wrong result: {bad}"
+                return res
+            before = [_host(p) for p in module.parameters()]
+            t0 = time.perf_counter()
+            trainer.opt_step()
+            _sync()
+            res["first_optimizer_step_s"] = round(time.perf_counter() - t0, 2)
+            bad = _update_error(module, before, ref["updates"])
+            if bad:
+                res["error"] = f"wrong result: {bad}"
+                return res
+            trainer.opt.zero_grad(set_to_none=True)
+            for _ in range(3):  # the kernels compiled in workers arrive; graphs are captured
+                trainer.step(idx, targets)
+            _sync()
+        if torch.cuda.is_available():
+            gc.collect()
+            torch.cuda.synchronize()
+            held = torch.cuda.memory_allocated() - others
+            res["held_GiB"] = round(with_pools(held, pools_before, graph_pools(torch.cuda.memory_snapshot())) / GiB, 3)
+            torch.cuda.reset_peak_memory_stats()
+            trainer.step(idx, targets)
+            torch.cuda.synchronize()
+            res["peak_GiB"] = round((torch.cuda.max_memory_allocated() - others) / GiB, 3)
+            res.update(_profile(trainer, idx, targets))
+        if "fuser" in kind:
+            res["fallbacks"] = _fallbacks(trainer.fn)
+        res["warnings"] = sorted({f"{w.category.__name__}: {str(w.message)[:240]}" for w in caught
+                                  if "fuser" in w.category.__module__ or "Kernel" in w.category.__name__})
+        timers.append((res, lambda n: trainer.time_steps(idx, targets, n)))
+
+        def again():
+            """Eager's first step again, from the reference weights loaded in place (the
+            addresses every graph was captured at stay)."""
+            with torch.no_grad():
+                module.load_state_dict(ref["state"])
+            trainer.opt.zero_grad(set_to_none=True)
+            loss = trainer.forward_backward(idx, targets)
+            _sync()
+            return _check(module, loss, ref["loss"], ref["grads"])
+
+        checks.append((res, again))
+    except Exception as e:  # noqa: BLE001 - a failing contender is reported, never dropped
+        res["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        traceback.print_exc()
+    return res
+
+
+def reference(name: str, layers: int, batch_size: int, seq: int, tiny: bool) -> tuple[dict, dict]:
+    """Eager's first step from the model's initial weights: the loss, the gradients and each
+    parameter's update by torch's fused AdamW, kept on the host."""
+    device, dtype = _device_and_dtype(tiny)
+    built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
+    idx, targets = batch(built, batch_size, seq, device=device)
+    state = {k: v.detach().to("cpu", copy=True) for k, v in built.module.state_dict().items()}
+    loss = built.module(idx, targets)
+    loss.backward()
+    grads = [p.grad.detach().cpu() for p in built.module.parameters()]
+    before = [_host(p) for p in built.module.parameters()]
+    torch.optim.AdamW(built.module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True).step()
+    updates = [_host(p) - b for p, b in zip(built.module.parameters(), before)]
+    params = sum(p.numel() for p in built.module.parameters())
+    config = dict(built.config, batch=batch_size, seq=seq, params_M=round(params / 1e6, 1))
+    del built
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {"state": state, "batch": (idx, targets), "loss": loss.detach().cpu(), "grads": grads,
+            "updates": updates}, config
+
+
+def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, steps: int, tiny: bool) -> dict:
+    full = ZOO.get(name, (layers, layers))[1]
+    ref, config = reference(name, layers, batch_size, seq, tiny)
+    out = {"name": name, "layers": layers, "full_depth": full, "config": config, "contenders": {}}
+    timers: list = []
+    checks: list = []
+    try:
+        for kind in contenders:
+            label = run_label(kind, out["contenders"])
+            print(f"[{name}] {label} ...", flush=True)
+            out["contenders"][label] = run_contender(kind, name, layers, ref, tiny, timers, checks)
+        time_interleaved(timers, steps, batch_size, seq)
+        check_after_turns(checks)
+    finally:
+        timers.clear()
+        checks.clear()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        torch._dynamo.reset()
+    base = out["contenders"].get("torch.compile", {}).get("step_ms")
+    for label, r in out["contenders"].items():
+        if base and r.get("step_ms"):
+            r["x_torch_compile"] = round(base / r["step_ms"], 3)
+        print(f"[{name}] {label}: " + json.dumps({k: v for k, v in r.items() if k != "torch_kernels"}), flush=True)
+    return out
+
+
+def table(results: list) -> str:
+    lines = ["| model | layers (full) | contender | step ms | x torch.compile | tokens/s | GPU ms | matmul | attention "
+             "| ours | optimizer | triton | torch | peak GiB | held GiB | first call s | error |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| ---: | --- |"]
+    for r in results:
+        for label, c in r["contenders"].items():
+            kinds = c.get("gpu_ms_by_kind", {})
+            lines.append("| " + " | ".join(str(x) for x in (
+                r["name"], f"{r['layers']} ({r['full_depth']})", label, c.get("step_ms", ""),
+                c.get("x_torch_compile", ""), c.get("tokens_per_s", ""), c.get("gpu_ms", ""),
+                *(kinds.get(k, "") for k in ("matmul", "attention", "ours", "optimizer", "triton", "torch")),
+                c.get("peak_GiB", ""), c.get("held_GiB", ""), c.get("first_call_s", ""),
+                (c.get("error") or "")[:120])) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = cli.parser("benchmarks.zoo", __doc__, epilog=(
+        "models (layers run, full depth): " + ", ".join(f"{m} ({a}, {b})" for m, (a, b) in ZOO.items())
+        + f"\ncontenders: {', '.join(CONTENDERS)}"))
+    ap.add_argument("--out", default="benchmarks/results", help="folder for zoo-<model>.json")
+    ap.add_argument("--models", help=f"comma-separated (default: all; with --tiny {','.join(TINY_MODELS)})")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated contender names (below)")
+    ap.add_argument("--layers", type=int, help="layers of every model (default: each model's in ZOO; --tiny: 2)")
+    ap.add_argument("--batch", type=int, default=2, help="sequences per step")
+    ap.add_argument("--seq", type=int, default=2048, help="tokens per sequence (--tiny: 32)")
+    ap.add_argument("--steps", type=int, help="timed steps per contender, in interleaved turns (default: 20; --tiny: 2)")
+    ap.add_argument("--tiny", action="store_true", help="the CPU smoke test: tiny configs in fp32")
+    a = ap.parse_args(argv)
+    a.tiny = a.tiny or not torch.cuda.is_available()
+    if a.tiny:
+        a.seq = min(a.seq, 32)
+    steps = a.steps or (2 if a.tiny else 20)
+    names = (a.models or ",".join(TINY_MODELS if a.tiny else ZOO)).split(",")
+    contenders = [c for c in a.contenders.split(",") if c]
+    os.makedirs(a.out, exist_ok=True)
+    results = []
+    for name in names:
+        layers = a.layers or (2 if a.tiny else ZOO.get(name, (2, 2))[0])
+        r = run_model(name, contenders, layers, a.batch, a.seq, steps, a.tiny)
+        r["device"] = _device()
+        results.append(r)
+        with open(os.path.join(a.out, f"zoo-{name}.json"), "w") as f:
+            json.dump(r, f, indent=1)
+    print(table(results))
+    ok = [r["contenders"].get("thunder+fuser", {}).get("x_torch_compile") for r in results]
+    ok = [x for x in ok if x]
+    if ok:
+        print(f"thunder+fuser x torch.compile, geometric mean over {len(ok)} models: "
+              f"{statistics.geometric_mean(ok):.3f}")
+
+
+if __name__ == "__main__":
+    main()
