@@ -31,7 +31,7 @@ STAGES = [
     ("backends.cute.tiling",),
     ("backends.cute.dsl",),
     ("backends.cute.families",),
-    ("backends.cute.launch", "backends.cute.segment_kernel", "backends.cute.torch_eval"),
+    ("backends.cute.legalize", "backends.cute.launch", "backends.cute.segment_kernel", "backends.cute.torch_eval"),
     ("plan",),  # the decisions for one input specialization
     ("cudagraphs",),
     ("runtime",),  # running a plan

@@ -1,5 +1,5 @@
-"""One segment run by a generated kernel: lowering, geometry and compilation at the first
-call of a plan, then per call only allocation, an ``as_strided`` per operand that is not
+"""One segment run by a generated kernel: lowering, legalization (``legalize.py``: each
+launch's layout) and compilation at the first call of a plan, then per call only allocation, an ``as_strided`` per operand that is not
 its tensor unchanged and whose view the launch function cannot build from it
 (``base_maps.BaseMap``), and the TVM-FFI launch.
 
@@ -11,6 +11,7 @@ the CPU test-suite checks lowering and geometry end to end.
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 
 import torch
 
@@ -20,55 +21,20 @@ from thunder_fuser.backends.cute.backend import arch_of, compile_options
 from thunder_fuser.backends.cute.tiling.base_maps import aligned, views_for_call
 from thunder_fuser.backends.cute.tiling.columns_geometry import column_state_offsets
 from thunder_fuser.backends.cute.lower.constants import find_iotas
+from thunder_fuser.backends.cute.legalize import Part, legalize
 from thunder_fuser.backends.cute.lower.expr import (
     Program,
     column_sums,
-    columns_apart,
     lower_segment,
-    reduce_in_stages,
     reductions_in_order,
     render,
     softmax_sums,
-    split_at_reductions,
-    transpose_first,
-    unmerged,
 )
-from thunder_fuser.backends.cute.tiling.geometry import (
-    NeedsColumnsApart,
-    NeedsSplit,
-    NeedsStages,
-    NeedsTranspose,
-    NeedsUnmerge,
-    build_geometry,
-)
+from thunder_fuser.backends.cute.tiling.geometry import Needs, geometry_or_needs
 from thunder_fuser.backends.cute.tiling.operands import Geometry
 from thunder_fuser.backends.cute.unsupported import Unsupported
 from thunder_fuser.layout import strides_for_order
 from thunder_fuser.segment.views import alias_views
-from thunder_fuser import config
-
-
-class _Part:
-    """One program of the segment: one launch."""
-
-    def __init__(self, prog: Program, transposed_copy: bool = False, first_stage: tuple = ()):
-        self.prog = prog
-        self.transposed_copy = transposed_copy  # copies operands into a reduction's row order (transpose_first)
-        self.first_stage = first_stage  # (inner dims, other dims) of a reduction in stages (reduce_in_stages)
-        self.geo: Geometry | None = None
-        self.fn = None
-        self.allocs: list = []  # per store: (shape, strides, dtype) to allocate, or None (a write)
-        self.base_refs: list = []  # per geometry base: (True, store index) or (False, value id)
-        self.store_recipe: list = []  # per store: (value id, allocation or None), read per call
-        self.checks: tuple = ()  # the geometry's alignment checks of bases this call does not allocate
-        self.workspace: tuple | None = None  # column reductions, split rows, sums per column: (splits, width) of
-        #                                      the fp32 partials
-        self.per_split = 0  # rows per split of a column reduction, vectors per split of a split row
-
-    def extra_args(self, device) -> tuple:
-        if self.workspace is None:
-            return ()
-        return (torch.empty(self.workspace, dtype=torch.float32, device=device), self.per_split)
 
 
 class SegmentKernel:
@@ -76,7 +42,7 @@ class SegmentKernel:
         self.seg = seg
         self.mode = mode
         self.iotas = find_iotas(seg.nodes, seg.outputs)
-        self.parts = [_Part(p) for p in lower_segment(seg, self.iotas)]  # raises Unsupported
+        self.parts = [Part(p) for p in lower_segment(seg, self.iotas)]  # raises Unsupported
         self.constants: dict = {}  # the iota operands (evaluated once, at ``prepare``)
         self.post_views = alias_views(seg)  # outputs that are views: made by torch after the launches
         self.orders = orders
@@ -131,44 +97,13 @@ class SegmentKernel:
         self.constants = self.iotas.evaluate()
         env = dict(env)  # later parts read what earlier ones store (a split's temporaries)
         env.update(self.constants)
-        pending, self.parts = list(self.parts), []
-        copies: set[int] = set()  # the temporaries of transpose_first
 
-        def rewritten(progs, temps, order, **first):
-            """Run ``progs`` in place of the part (the first marked with ``first``), their
-            temporaries laid out in dim ``order``."""
-            self.orders = {**self.orders, **{id(t): order for t in temps}}
-            pending[:0] = [_Part(progs[0], **first)] + [_Part(p) for p in progs[1:]]
+        def place(part: Part, chosen: dict) -> Needs | None:
+            # the layouts the rewrites chose for their temporaries, then the plan's
+            return self._prepare_part(part, env, written, device, ChainMap(chosen, self.orders))
 
-        while pending:
-            part = pending.pop(0)
-            try:
-                self._prepare_part(part, env, written, device)
-            except NeedsColumnsApart as e:
-                self.columns_apart = str(e)
-                rewritten(columns_apart(part.prog), (), ())
-                continue
-            except NeedsUnmerge as e:
-                prog = unmerged(part.prog, e.loads)
-                if prog is None:
-                    raise Unsupported(str(e)) from e
-                rewritten([prog], (), ())
-                continue
-            except NeedsSplit:
-                rewritten(split_at_reductions(part.prog), (), ())
-                continue
-            except NeedsStages as e:
-                progs, temps = reduce_in_stages(part.prog, e.inner)
-                rewritten(progs, temps, e.order, first_stage=(e.inner, progs[1].reduced))
-                continue
-            except NeedsTranspose as e:
-                if any(id(ld.source) in copies for ld in e.loads):  # a copy that came out strided too
-                    raise Unsupported(f"{e}, after a copy into the rows' order") from e
-                progs, temps = transpose_first(part.prog, e.loads)
-                copies.update(id(t) for t in temps)
-                rewritten(progs, temps, e.order, transposed_copy=True)
-                continue
-            self.parts.append(part)
+        legal = legalize(self.parts, place)
+        self.parts, self.columns_apart = legal.parts, legal.columns_apart
         _check_no_read_after_an_earlier_write(self.parts, written, env)
         if compile_now:
             self.compile(defer)
@@ -189,19 +124,23 @@ class SegmentKernel:
         """Can ``run`` launch: every part's kernel built (the torch mode needs none)."""
         return self.mode != "cute" or all(part.fn is not None for part in self.parts)
 
-    def _prepare_part(self, part: _Part, env, written: set, device) -> None:
+    def _prepare_part(self, part: Part, env, written: set, device, orders) -> Needs | None:
+        """Lay ``part`` out for the tensors in ``env``: its stores' allocations and its
+        geometry; the rewrite it needs first where it has none (``legalize.py``)."""
         part.allocs = []
         for st in part.prog.stores:
             v = st.target
             if id(v) in written:
                 part.allocs.append(None)
             else:
-                order = self.orders.get(id(v)) or tuple(range(v.ndim))
+                order = orders.get(id(v)) or tuple(range(v.ndim))
                 part.allocs.append((tuple(v.shape), strides_for_order(v.shape, order), v.dtype))
         part.store_recipe = [(id(st.target), a) for st, a in zip(part.prog.stores, part.allocs)]
         stores = _allocate(part.store_recipe, env, device)
         _check_no_overlap(part, env, stores)
-        geo = build_geometry(part.prog, env, stores, self.iotas.params(), _sm_count(device))
+        geo = geometry_or_needs(part.prog, env, stores, self.iotas.params(), _sm_count(device))
+        if isinstance(geo, Needs):
+            return geo
         refs = []
         for b in geo.bases:
             ref = next(((True, i) for i, s in enumerate(stores) if s is b), None)
@@ -221,6 +160,7 @@ class SegmentKernel:
             part.workspace = (splits, states * (geo.n if geo.columns or geo.across else math.prod(geo.outer)))
         for st, t in zip(part.prog.stores, stores):
             env[id(st.target)] = t
+        return None
 
     def run(self, env) -> bool:
         """Run the segment; False when these tensors do not fit the compiled assumptions
@@ -240,7 +180,7 @@ class SegmentKernel:
         self.finish(env)
         return True
 
-    def _launch(self, part: _Part, views) -> None:
+    def _launch(self, part: Part, views) -> None:
         if self.mode != "cute":
             _run_on_torch(part, views)
         elif part.workspace is None:
@@ -248,7 +188,7 @@ class SegmentKernel:
         else:
             part.fn(views, *part.extra_args(self.device))
 
-    def part_views(self, part: _Part, env):
+    def part_views(self, part: Part, env):
         """Allocate ``part``'s outputs into ``env`` and return the operand views of one
         launch; None when a base pointer no longer allows the compiled vector width."""
         if self.constants:
@@ -342,7 +282,7 @@ def _same_places(t: torch.Tensor, strides) -> bool:
     return all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides))
 
 
-def _run_on_torch(part: _Part, views) -> None:
+def _run_on_torch(part: Part, views) -> None:
     from thunder_fuser.backends.cute.torch_eval import run_program
 
     run_program(part.prog, part.geo, views)
@@ -380,13 +320,13 @@ def _allocate(store_recipe, env, device) -> list:
     return stores
 
 
-def _fill_nan(part: _Part, stores) -> None:
+def _fill_nan(part: Part, stores) -> None:
     for a, t in zip(part.allocs, stores):
         if a is not None and t.dtype.is_floating_point:
             t.fill_(float("nan"))
 
 
-def _check_no_overlap(part: _Part, env, stores) -> None:
+def _check_no_overlap(part: Part, env, stores) -> None:
     """An in-place store may only meet reads of the same memory at the same element."""
     for a, w in zip(part.allocs, stores):
         if a is not None:

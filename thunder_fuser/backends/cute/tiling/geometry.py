@@ -134,10 +134,26 @@ def _select_axes(prog: Program, ref: torch.Tensor, domain) -> tuple[int | None, 
     return inner, (outer[0] if outer else None)
 
 
-class NeedsColumnsApart(Unsupported):
+class Needs(Unsupported):
+    """A verdict: the program cannot be laid out as it is, and this rewrite of it would be
+    (each subclass names one; ``backends/cute/legalize.py`` applies it). Raised inside this
+    module, returned across it (``geometry_or_needs``)."""
+
+
+class NeedsColumnsApart(Needs):
     """A row program with sums per column that the row kernel cannot take: its rows are not
     innermost, split across blocks or too long for registers, or its sums would hold too many
     registers. The sums run as a reduction of their own (``expr.columns_apart``)."""
+
+
+def geometry_or_needs(prog: Program, env: dict, store_tensors: list[torch.Tensor], iotas: dict | None = None,
+                      sm_count: int = 132) -> Geometry | Needs:
+    """``build_geometry``'s layout of ``prog``, or the rewrite it needs first (a ``Needs``
+    verdict, returned); a program no rewrite helps raises ``Unsupported``."""
+    try:
+        return build_geometry(prog, env, store_tensors, iotas, sm_count)
+    except Needs as verdict:
+        return verdict
 
 
 def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], iotas: dict | None = None,
@@ -492,7 +508,7 @@ def vector_access(geo: Geometry, o: Operand) -> bool:
     return o.inner_mode == "vec" and (not geo.flat or o.back_to_back(geo.outer[0], geo.n))
 
 
-class NeedsTranspose(Unsupported):
+class NeedsTranspose(Needs):
     """A row reduction reads operands (``loads``) contiguous across its rows: it runs as a
     pointwise program that copies them, staged through shared memory, into temporaries in
     dim order ``order`` (its rows'), then the reduction reading those
@@ -515,7 +531,7 @@ def _check_rows_read_in_vectors(prog: Program, geo: Geometry, order) -> None:
         raise NeedsTranspose(f"{names} contiguous across the rows of a reduction", loads, tuple(order))
 
 
-class NeedsStages(Unsupported):
+class NeedsStages(Needs):
     """A row reduction whose reduced dims are runs apart in memory (a batch norm's
     statistics over N, H and W of an NCHW tensor): it runs in two stages
     (``expr.reduce_in_stages``), first over ``inner`` (the innermost run, a row kernel
@@ -528,7 +544,7 @@ class NeedsStages(Unsupported):
         self.inner, self.order = inner, order
 
 
-class NeedsUnmerge(Unsupported):
+class NeedsUnmerge(Needs):
     """A pointwise program reads operands (``loads``) through a merge of dims that their
     strides cannot walk as one (a gradient whose heads interleave repeats, merged with the
     head dim): it iterates over the dims before the merge instead (``expr.unmerged``)."""
@@ -538,7 +554,7 @@ class NeedsUnmerge(Unsupported):
         self.loads = loads
 
 
-class NeedsSplit(Unsupported):
+class NeedsSplit(Needs):
     """A column program, or one whose rows split across blocks, stores values computed from
     its own reductions over the whole domain: it runs as two programs
     (``expr.split_at_reductions``)."""
