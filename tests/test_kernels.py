@@ -1269,6 +1269,31 @@ def test_a_merge_no_stride_walks_iterates_over_the_dims_before_it(torch_kernels)
     compile_planned_kernels_to_ptx(fn, (dv,))
 
 
+def _fused_projection_gradient(dq, dk, q_heads):
+    """A fused qkv projection's gradient (transformers' Phi3 splits one projection into q, k
+    and v): each head gradient ``[b, h, s, e]`` merged to ``[b, s, h * e]`` and the three
+    concatenated along it; k's and v's summed over their grouped-query repeats first."""
+    b, h, s, e = dk.shape
+    dk = dk.reshape(b, h // 2, 2, s, e).sum(2)
+    merge = lambda t: t.transpose(1, 2).reshape(b, s, -1)  # noqa: E731
+    return torch.cat([merge(dq[:, :q_heads]), merge(dk), merge(dk * 2)], dim=-1)
+
+
+@pytest.mark.parametrize("dq_layout", ["bhse", "bshe"])
+def test_a_cat_of_merges_no_stride_walks_iterates_over_whole_heads(dq_layout, torch_kernels):
+    """Each piece of the cat along the merged dim starts and ends on a whole head, so the
+    kernel iterates over ``[b, s, heads, e]``, the cat a select along the heads (before:
+    'reshape of ... needs a copy at these strides', four reference segments a step of
+    transformers' Phi3); pieces that start inside a head (after one of 8 elements) stay
+    right, whatever runs them."""
+    dq = _r(2, 4, 32, 16) if dq_layout == "bhse" else _r(2, 32, 4, 16).transpose(1, 2)
+    dk = _r(2, 4, 32, 16)
+    jfn = check_vs_eager(_fused_projection_gradient, dq, dk, 4)[0]
+    assert_every_segment_ran_a_kernel_forward(jfn)
+    compile_planned_kernels_to_ptx(lambda q, k: _fused_projection_gradient(q, k, 4), (dq, dk))
+    check_vs_eager(lambda q, k: torch.cat([q[:, 0, :, :8], _fused_projection_gradient(q, k, 3)], -1), dq, dk)
+
+
 def test_a_merge_behind_squeezes_at_batch_one_iterates_over_the_dims_before_it(torch_kernels):
     """The same value gradient at batch 1, as thunder writes transformers' Llama's backward
     there: the sum over the repeats also sums the batch dim of one, and the merged gradient

@@ -346,8 +346,11 @@ def unmerged(prog: Program, loads: list) -> Program | None:
     strides allow, so the kernel writes the copy torch would make, fused with the ops before
     it. A cat or pad (selects, shifted loads) along a dim the merge leaves whole moves to
     that dim's place in the new domain (RoPE's ``k``, a cat, expanded so: a whole step of
-    litgpt's Llama ran on torch through ThunderFX). None where the loads disagree on the
-    domain or the program cannot take it (a select along a merged dim, rows)."""
+    litgpt's Llama ran on torch through ThunderFX); along a dim the merge splits, it moves to
+    the outermost of its dims where every piece starts and ends on a whole step of it (a
+    fused projection's gradient: ``cat([dq, dk, dv], -1)`` of ``[b, s, h * e]`` merges of
+    ``[b, h, s, e]`` gradients, pieces of whole heads). None where the loads disagree on
+    the domain or the program cannot take it (a piece across steps of a split dim, rows)."""
     if prog.family != "pointwise" or prog.reduced or any(st.domain for st in prog.stores):
         return None
     table, domains, maps = {}, set(), set()
@@ -364,9 +367,10 @@ def unmerged(prog: Program, loads: list) -> Program | None:
         place = {d: k for k, d in enumerate(order)}
         new_dims = tuple(tuple(place[d] for d in groups[p]) for p in perm)  # per old dim: its new dims
         for d, _ in ld.shifts:  # a piece of a cat spans its own extent there, the domain the whole
-            if len(new_dims[d]) != 1:
+            step = _numel(domain[k] for k in new_dims[d][1:])  # of the outermost new dim, along d
+            if prog.domain[d] % step:
                 return None
-            domain[new_dims[d][0]] = prog.domain[d]
+            domain[new_dims[d][0]] = prog.domain[d] // step
         domain = tuple(domain)
         maps.add(new_dims)
         views = all_views[:i]
@@ -380,23 +384,25 @@ def unmerged(prog: Program, loads: list) -> Program | None:
     domain, new_dims = domains.pop(), maps.pop()
     if _numel(domain) != _numel(prog.domain):
         return None
-    whole = {j: dims[0] for j, dims in enumerate(new_dims) if len(dims) == 1}  # old dim -> new, unsplit
-    if any(d not in whole for d in prog.select_dims):
-        return None
+    outer = {j: dims[0] for j, dims in enumerate(new_dims)}  # old dim -> its outermost new dim
+    steps = {j: _numel(domain[k] for k in dims[1:]) for j, dims in enumerate(new_dims)}  # ... and its step
     for ld in prog.loads:
-        if ld.shifts and any(d not in whole for d, _ in ld.shifts):
+        if any(at % steps[d] for d, at in ld.shifts):
             return None
-        if id(ld) not in table and ld.shifts:  # a piece of a cat: split like the domain, but its shifted dims
+        if id(ld) not in table and ld.shifts:  # a piece of a cat: split like the domain, over its own extent
             shape = tuple(ld.views[-1].outputs[0].shape if ld.views else ld.source.shape)
+            if any(shape[d] % steps[d] for d, _ in ld.shifts):
+                return None
             split = tuple(e for j, dims in enumerate(new_dims)
-                          for e in ((shape[j],) if j in whole else (domain[k] for k in dims)))
+                          for e in ((shape[j] // steps[j],) + tuple(domain[k] for k in dims[1:])))
             out = Value(f"{ld.source.name}_split", split, ld.source.dtype)
             last = ld.views[-1].outputs[0] if ld.views else ld.source
             table[id(ld)] = Load(ld.source, ld.views + (Node("reshape", (last, split), {}, (out,)),), ld.shifts, ld.row)
-    table = {k: replace(ld, shifts=tuple(sorted((whole[d], at) for d, at in ld.shifts))) for k, ld in table.items()}
-    swap = _substitution(table, "a merge is undone", dims=whole)
+    table = {k: replace(ld, shifts=tuple(sorted((outer[d], at // steps[d]) for d, at in ld.shifts)))
+             for k, ld in table.items()}
+    swap = _substitution(table, "a merge is undone", dims=outer, steps=steps)
     out = Program(prog.family, domain, (), [replace(st, expr=swap(st.expr)) for st in prog.stores],
-                  select_dims=tuple(sorted(whole[d] for d in prog.select_dims)))
+                  select_dims=tuple(sorted(outer[d] for d in prog.select_dims)))
     _collect_loads(out)
     return out
 
@@ -523,10 +529,11 @@ def _read_back(prog: Program, reductions: list):
     return stored, _substitution(temps, "reductions are read back")
 
 
-def _substitution(table: dict, where: str, dims: dict[int, int] | None = None):
+def _substitution(table: dict, where: str, dims: dict[int, int] | None = None, steps: dict[int, int] | None = None):
     """``swap(expr)``: the expression with each subexpression whose id is in ``table``
     replaced by its entry (shared subexpressions stay shared); ``dims``: a select's dim
-    renumbered so (a program over another domain, ``unmerged``)."""
+    renumbered so (a program over another domain, ``unmerged``), and ``steps``: its bounds
+    counted in steps of that many elements of its old dim (each a whole number of them)."""
     memo: dict[int, object] = {}
 
     def swap(e):
@@ -542,7 +549,11 @@ def _substitution(table: dict, where: str, dims: dict[int, int] | None = None):
             elif isinstance(e, Op):
                 memo[id(e)] = Op(e.op, tuple(swap(a) for a in e.args), e.dtype)
             elif isinstance(e, Select) and dims is not None:
-                memo[id(e)] = replace(e, pieces=tuple(swap(p) for p in e.pieces), dim=dims[e.dim])
+                step = (steps or {}).get(e.dim, 1)
+                if any(b % step for b in e.bounds):
+                    raise Unsupported(f"a cat piece across steps of {step} elements where {where}")
+                memo[id(e)] = replace(e, pieces=tuple(swap(p) for p in e.pieces), dim=dims[e.dim],
+                                      bounds=tuple(b // step for b in e.bounds))
             else:
                 raise Unsupported(f"a {type(e).__name__.lower()} where {where}")
         return memo[id(e)]
