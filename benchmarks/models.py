@@ -231,12 +231,9 @@ def settle(step):
     return loss, second
 
 
-def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, ref, tiny=False, timers=None,
-                  checks=None) -> dict:
-    """One contender's checks, first calls, memory and profile. Its step, for the timing
-    that follows (``time_interleaved``), goes to ``timers`` (label-less: the caller names
-    it), the contender kept alive until then; to ``checks``, its step checked against
-    eager's once more after the timing (``check_after_turns``)."""
+def contender_model(name: str, layers: int, ref: dict, tiny: bool):
+    """A contender's own copy of model ``name`` with the reference weights, and what the
+    process held before it (bytes allocated, CUDA graph pools), which its memory excludes."""
     device, dtype = _device_and_dtype(tiny)
     pools_before: dict = {}
     others = 0
@@ -245,8 +242,24 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
         others = torch.cuda.memory_allocated()
         pools_before = graph_pools(torch.cuda.memory_snapshot())
     built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
+    built.module.load_state_dict(ref["state"])
+    return built, others, pools_before
+
+
+def our_warnings(caught: list) -> list[str]:
+    """The warnings a contender's steps raised that are ours (a kernel's fallback and the like)."""
+    return sorted({f"{w.category.__name__}: {str(w.message)[:240]}" for w in caught
+                   if "fuser" in w.category.__module__ or "Kernel" in w.category.__name__})
+
+
+def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, ref, tiny=False, timers=None,
+                  checks=None) -> dict:
+    """One contender's checks, first calls, memory and profile. Its step, for the timing
+    that follows (``time_interleaved``), goes to ``timers`` (label-less: the caller names
+    it), the contender kept alive until then; to ``checks``, its step checked against
+    eager's once more after the timing (``check_after_turns``)."""
+    built, others, pools_before = contender_model(name, layers, ref, tiny)
     module = built.module
-    module.load_state_dict(ref["state"])
     idx, targets = ref["batch"]
     res: dict = {"error": None}
     caught: list = []
@@ -288,8 +301,7 @@ def run_contender(kind: str, name: str, layers: int, batch_size: int, seq: int, 
             res.update(_profile(fn, module, idx, targets))
         if kind.startswith("thunder+fuser") or kind == "thunderfx+fuser":
             res["fallbacks"] = _fallbacks(fn)
-        res["warnings"] = sorted({f"{w.category.__name__}: {str(w.message)[:240]}" for w in caught
-                                  if "fuser" in w.category.__module__ or "Kernel" in w.category.__name__})
+        res["warnings"] = our_warnings(caught)
         if timers is not None:
             timers.append((res, lambda n: _time_steps(fn, module, idx, targets, n)))
         if checks is not None:
@@ -344,6 +356,19 @@ def time_interleaved(timers: list, steps: int, batch_size: int, seq: int, rounds
             res["tokens_per_s"] = round(batch_size * seq / res["step_ms"] * 1000)
 
 
+def run_config(built, batch_size: int, seq: int) -> dict:
+    """What the results record of a model's run: its config, the batch, its parameters (M)."""
+    params = sum(p.numel() for p in built.module.parameters())
+    return dict(built.config, batch=batch_size, seq=seq, params_M=round(params / 1e6, 1))
+
+
+def release() -> None:
+    """Free what the models dropped held: their garbage, then the CUDA cache."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, steps: int, tiny=False) -> dict:
     device, dtype = _device_and_dtype(tiny)
     built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
@@ -353,12 +378,9 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
     ref = {"state": {k: v.detach().cpu() for k, v in built.module.state_dict().items()},
            "batch": (idx, targets), "loss": loss.cpu(),
            "grads": [p.grad.detach().cpu() for p in built.module.parameters()]}
-    params = sum(p.numel() for p in built.module.parameters())
-    config = dict(built.config, batch=batch_size, seq=seq, params_M=round(params / 1e6, 1))
+    config = run_config(built, batch_size, seq)
     del built
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release()
     out = {"name": name, "config": config, "contenders": {}}
     timers: list = []
     checks: list = []

@@ -54,7 +54,11 @@ from benchmarks.models import (
     _rel,
     _sync,
     check_after_turns,
+    contender_model,
     graph_pools,
+    our_warnings,
+    release,
+    run_config,
     time_interleaved,
     with_pools,
 )
@@ -180,41 +184,43 @@ def _profile(trainer: Trainer, idx, targets) -> dict:
     return kernel_kinds(prof)
 
 
+def _first_step(trainer: Trainer, ref: dict, res: dict) -> str | None:
+    """The contender's first step, its compiles included, against eager's: None, or what
+    differs (the loss or a gradient, then a parameter's update). Its seconds go to ``res``."""
+    module, (idx, targets) = trainer.module, ref["batch"]
+    _sync()
+    t0 = time.perf_counter()
+    loss = trainer.forward_backward(idx, targets)
+    _sync()
+    res["first_call_s"] = round(time.perf_counter() - t0, 2)
+    bad = _check(module, loss, ref["loss"], ref["grads"])
+    if bad:
+        return bad
+    before = [_host(p) for p in module.parameters()]
+    t0 = time.perf_counter()
+    trainer.opt_step()
+    _sync()
+    res["first_optimizer_step_s"] = round(time.perf_counter() - t0, 2)
+    trainer.opt.zero_grad(set_to_none=True)
+    return _update_error(module, before, ref["updates"])
+
+
 def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, timers: list, checks: list) -> dict:
-    device, dtype = _device_and_dtype(tiny)
-    others, pools_before = 0, {}
-    if torch.cuda.is_available():
-        gc.collect()
-        others = torch.cuda.memory_allocated()
-        pools_before = graph_pools(torch.cuda.memory_snapshot())
-    built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
+    """One contender: its first step checked, its memory and a profiled step; its timing
+    (``timers``) and its check after the timed turns (``checks``) for ``run_model``."""
+    device, _ = _device_and_dtype(tiny)
+    built, others, pools_before = contender_model(name, layers, ref, tiny)
     module = built.module
-    module.load_state_dict(ref["state"])
     idx, targets = ref["batch"]
     res: dict = {"error": None}
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            _sync()
-            t0 = time.perf_counter()
             trainer = Trainer(kind, module, device)
-            loss = trainer.forward_backward(idx, targets)
-            _sync()
-            res["first_call_s"] = round(time.perf_counter() - t0, 2)
-            bad = _check(module, loss, ref["loss"], ref["grads"])
+            bad = _first_step(trainer, ref, res)
             if bad:
                 res["error"] = f"wrong result: {bad}"
                 return res
-            before = [_host(p) for p in module.parameters()]
-            t0 = time.perf_counter()
-            trainer.opt_step()
-            _sync()
-            res["first_optimizer_step_s"] = round(time.perf_counter() - t0, 2)
-            bad = _update_error(module, before, ref["updates"])
-            if bad:
-                res["error"] = f"wrong result: {bad}"
-                return res
-            trainer.opt.zero_grad(set_to_none=True)
             for _ in range(3):  # the kernels compiled in workers arrive; graphs are captured
                 trainer.step(idx, targets)
             _sync()
@@ -230,8 +236,7 @@ def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, time
             res.update(_profile(trainer, idx, targets))
         if "fuser" in kind:
             res["fallbacks"] = _fallbacks(trainer.fn)
-        res["warnings"] = sorted({f"{w.category.__name__}: {str(w.message)[:240]}" for w in caught
-                                  if "fuser" in w.category.__module__ or "Kernel" in w.category.__name__})
+        res["warnings"] = our_warnings(caught)
         timers.append((res, lambda n: trainer.time_steps(idx, targets, n)))
 
         def again():
@@ -264,12 +269,9 @@ def reference(name: str, layers: int, batch_size: int, seq: int, tiny: bool) -> 
     before = [_host(p) for p in built.module.parameters()]
     torch.optim.AdamW(built.module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True).step()
     updates = [_host(p) - b for p, b in zip(built.module.parameters(), before)]
-    params = sum(p.numel() for p in built.module.parameters())
-    config = dict(built.config, batch=batch_size, seq=seq, params_M=round(params / 1e6, 1))
+    config = run_config(built, batch_size, seq)
     del built
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release()
     return {"state": state, "batch": (idx, targets), "loss": loss.detach().cpu(), "grads": grads,
             "updates": updates}, config
 
@@ -290,9 +292,7 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
     finally:
         timers.clear()
         checks.clear()
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release()
         torch._dynamo.reset()
     base = out["contenders"].get("torch.compile", {}).get("step_ms")
     for label, r in out["contenders"].items():
