@@ -375,9 +375,9 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
     idx, targets = batch(built, batch_size, seq, device=device)
     loss = _step(built.module, idx, targets)
     # kept on the host, so that no contender's memory counts them
-    ref = {"state": {k: v.detach().cpu() for k, v in built.module.state_dict().items()},
+    ref = {"state": {k: v.detach().to("cpu", copy=True) for k, v in built.module.state_dict().items()},
            "batch": (idx, targets), "loss": loss.cpu(),
-           "grads": [p.grad.detach().cpu() for p in built.module.parameters()]}
+           "grads": [p.grad.detach().to("cpu", copy=True) for p in built.module.parameters()]}
     config = run_config(built, batch_size, seq)
     del built
     release()
