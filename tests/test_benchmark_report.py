@@ -306,3 +306,22 @@ def test_zoo_kernels_are_told_apart_by_name():
         == "optimizer"
     assert kernel_kind("triton_poi_fused_add_mul_0") == "triton"
     assert kernel_kind("void at::native::elementwise_kernel<128, 2>(direct_copy_kernel_cuda)") == "torch"
+
+
+def test_the_results_page_leads_with_the_zoo_where_it_ran(tmp_path):
+    """A zoo run's JSON (``benchmarks.zoo``) becomes the page's first section, with the
+    geometric mean of thunder + fuser against torch.compile."""
+    import json
+
+    from benchmarks.results_page import page
+
+    row = {"step_ms": 10.0, "x_torch_compile": 1.1, "gpu_ms_by_kind": {"matmul": 6.0, "ours": 1.0}, "error": None}
+    doc = {"name": "pythia-1b", "layers": 16, "full_depth": 16, "device": "GPU X", "config": {},
+           "contenders": {"torch.compile": {"step_ms": 11.0, "x_torch_compile": 1.0, "error": None},
+                          "thunder+fuser": row}}
+    (tmp_path / "zoo-pythia-1b.json").write_text(json.dumps(doc))
+    text = page(str(tmp_path))
+    sections = [part.split("\n")[0] for part in text.split("\n## ")[1:]]
+    assert sections[:2] == ["How these are measured", "Whole training steps of the model zoo (`python -m benchmarks.zoo`)"]
+    assert "| pythia-1b | 16 (16) | thunder+fuser | 10.0 | 1.1 |" in text
+    assert "thunder+fuser x torch.compile, geometric mean over 1 models: 1.100" in text
