@@ -82,18 +82,17 @@ UPDATE_TOL = 5e-2  # relative error of a parameter's first update against eager'
 class Trainer:
     """One contender's model, optimizer and step."""
 
-    def __init__(self, kind: str, module: torch.nn.Module, device: str):
+    def __init__(self, kind: str, module: torch.nn.Module):
         self.kind, self.module = kind, module
         self.fn = wrap(kind, module)
-        self.opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+        through_us = kind.endswith("+step")  # ThunderFX's pieces run our kernels, not torch's fused one
+        self.opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=not through_us)
         self.opt_step = self.opt.step
-        if kind.endswith("+step"):
+        if through_us:
             from thunder.dynamo import ThunderCompiler
 
             import thunder_fuser
 
-            # ThunderFX's pieces run our kernels, not torch's fused one
-            self.opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
             self.opt_step = torch.compile(self.opt.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))
 
     def forward_backward(self, idx, targets):
@@ -208,7 +207,6 @@ def _first_step(trainer: Trainer, ref: dict, res: dict) -> str | None:
 def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, timers: list, checks: list) -> dict:
     """One contender: its first step checked, its memory and a profiled step; its timing
     (``timers``) and its check after the timed turns (``checks``) for ``run_model``."""
-    device, _ = _device_and_dtype(tiny)
     built, others, pools_before = contender_model(name, layers, ref, tiny)
     module = built.module
     idx, targets = ref["batch"]
@@ -216,7 +214,7 @@ def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, time
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trainer = Trainer(kind, module, device)
+            trainer = Trainer(kind, module)
             bad = _first_step(trainer, ref, res)
             if bad:
                 res["error"] = f"wrong result: {bad}"

@@ -71,11 +71,10 @@ class Rewrite:
 
 @dataclass
 class Legal:
-    """A segment's legal launches, the dim orders its rewrites chose for their temporaries,
-    and why its sums per column run apart from its rows (``""`` where they do not)."""
+    """A segment's legal launches, and why its sums per column run apart from its rows
+    (``""`` where they do not)."""
 
     parts: list
-    orders: dict
     columns_apart: str = ""
 
 
@@ -125,4 +124,4 @@ def legalize(parts: list, place) -> Legal:
         r = rewrite(part.prog, verdict, copies)
         orders.update(r.orders)
         pending[:0] = r.parts
-    return Legal(done, orders, why_apart)
+    return Legal(done, why_apart)

@@ -1,7 +1,7 @@
 """One segment run by a generated kernel: lowering, legalization (``legalize.py``: each
-launch's layout) and compilation at the first call of a plan, then per call only allocation, an ``as_strided`` per operand that is not
-its tensor unchanged and whose view the launch function cannot build from it
-(``base_maps.BaseMap``), and the TVM-FFI launch.
+launch's layout) and compilation at the first call of a plan, then per call only
+allocation, an ``as_strided`` per operand that is not its tensor unchanged and whose view
+the launch function cannot build from it (``base_maps.BaseMap``), and the TVM-FFI launch.
 
 ``mode`` picks what executes the lowered program: ``"cute"`` (CuTe DSL kernels, CUDA) or
 ``"torch"`` (``torch_eval``, any device), which runs the same operand views with torch so
