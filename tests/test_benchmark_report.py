@@ -295,6 +295,36 @@ def test_the_zoo_steps_every_contender_with_its_optimizer_on_the_cpu(tmp_path):
     assert res["layers"] == 2 and res["full_depth"] == 12
 
 
+def test_the_zoos_update_check_tells_a_bf16_rounding_from_a_wrong_step():
+    """AdamW's first step moves a bf16 weight by about half its ulp: another rounding of the
+    same update passes, a step of 0.7x the learning rate or another sign does not."""
+    import torch
+
+    from benchmarks.zoo import LR, _update_error
+
+    torch.manual_seed(0)
+    w = torch.nn.Linear(256, 256, dtype=torch.bfloat16)
+    before = [p.detach().float().clone() for p in w.parameters()]
+    signs = [torch.randn_like(b).sign() for b in before]
+    exact = [b - LR * s for b, s in zip(before, signs)]  # the update before bf16 rounds it
+    want = [e.bfloat16().float() - b for e, b in zip(exact, before)]
+
+    def moved(scale, rounding):
+        with torch.no_grad():
+            for p, b, s in zip(w.parameters(), before, signs):
+                p.copy_(rounding(b - scale * LR * s))
+        return _update_error(w, before, want)
+
+    def up(x):  # round toward the larger bf16 neighbour
+        return torch.where(x.bfloat16().float() < x, torch.nextafter(x.bfloat16(), torch.tensor(1.0, dtype=torch.bfloat16)),
+                           x.bfloat16())
+
+    assert moved(1.0, lambda x: x.bfloat16()) is None
+    assert moved(1.0, up) is None
+    assert "elements off" in moved(0.7, lambda x: x.bfloat16())
+    assert "elements off" in moved(-1.0, lambda x: x.bfloat16())
+
+
 def test_zoo_kernels_are_told_apart_by_name():
     from benchmarks.zoo import kernel_kind
 
