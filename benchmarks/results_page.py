@@ -136,7 +136,8 @@ def _zoo(results: str) -> list[str]:
             "`zero_grad` in every step (thunder+fuser+step: the optimizer's step through us). Contenders in "
             "interleaved turns, each checked against eager (loss, gradients, first update) before and after "
             "them. GPU ms split by kernel: matmuls, attention, ours, the optimizer's, Triton's, and torch's "
-            "others (named in each model's JSON).", "", table(docs), "", geometric_mean_line(docs), ""]
+            "others (named in each model's JSON). GPU idle: the step's waits between kernels (the longest, "
+            "with the kernels around them, in the JSON).", "", table(docs), "", geometric_mean_line(docs), ""]
 
 
 def _optimizer(results: str) -> list[str]:

@@ -188,7 +188,28 @@ def kernel_kinds(prof) -> dict:
     left = sorted(torch_kernels.items(), key=lambda kv: -kv[1][1])
     return {"kernels_per_step": len(kernels), "gpu_ms": round(sum(e.device_time for e in kernels) / 1e3, 3),
             "gpu_ms_by_kind": {k: round(v, 3) for k, v in sorted(ms.items())},
-            "torch_kernels": [{"name": n, "calls": c, "ms": round(t, 3)} for n, (c, t) in left[:20]]}
+            "torch_kernels": [{"name": n, "calls": c, "ms": round(t, 3)} for n, (c, t) in left[:20]],
+            **idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in kernels])}
+
+
+def idle_gaps(spans: list, top: int = 8) -> dict:
+    """Where the GPU waited within a step: the idle microseconds between the first kernel's
+    start and the last one's end, and the longest waits with the kernels around them (a wait
+    after a kernel is the host behind: a sync, or launches slower than the GPU runs them).
+    ``spans``: (start us, end us, kernel name)."""
+    if not spans:
+        return {"gpu_idle_ms": 0.0, "idle_gaps": []}
+    spans = sorted(spans)
+    gaps = []
+    end, last = spans[0][1], spans[0][2]
+    for start, stop, name in spans[1:]:
+        if start > end:
+            gaps.append((start - end, last, name))
+        if stop > end:
+            end, last = stop, name
+    gaps.sort(key=lambda g: -g[0])
+    return {"gpu_idle_ms": round(sum(g[0] for g in gaps) / 1e3, 3),
+            "idle_gaps": [{"us": round(us, 1), "after": a[:100], "before": b[:100]} for us, a, b in gaps[:top]]}
 
 
 def _profile(trainer: Trainer, idx, targets) -> dict:
@@ -319,16 +340,16 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
 
 
 def table(results: list) -> str:
-    lines = ["| model | layers (full) | contender | step ms | x torch.compile | tokens/s | GPU ms | matmul | attention "
+    lines = ["| model | layers (full) | contender | step ms | x torch.compile | tokens/s | GPU ms | GPU idle ms | matmul | attention "
              "| ours | optimizer | triton | torch | peak GiB | held GiB | first call s | error |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
              "| ---: | --- |"]
     for r in results:
         for label, c in r["contenders"].items():
             kinds = c.get("gpu_ms_by_kind", {})
             lines.append("| " + " | ".join(str(x) for x in (
                 r["name"], f"{r['layers']} ({r['full_depth']})", label, c.get("step_ms", ""),
-                c.get("x_torch_compile", ""), c.get("tokens_per_s", ""), c.get("gpu_ms", ""),
+                c.get("x_torch_compile", ""), c.get("tokens_per_s", ""), c.get("gpu_ms", ""), c.get("gpu_idle_ms", ""),
                 *(kinds.get(k, "") for k in ("matmul", "attention", "ours", "optimizer", "triton", "torch")),
                 c.get("peak_GiB", ""), c.get("held_GiB", ""), c.get("first_call_s", ""),
                 (c.get("error") or "")[:120])) + " |")

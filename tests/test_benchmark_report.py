@@ -338,6 +338,18 @@ def test_zoo_kernels_are_told_apart_by_name():
     assert kernel_kind("void at::native::elementwise_kernel<128, 2>(direct_copy_kernel_cuda)") == "torch"
 
 
+def test_zoo_finds_where_the_gpu_waited_between_kernels():
+    from benchmarks.zoo import idle_gaps
+
+    spans = [(0, 10, "gemm"), (5, 30, "attention"), (40, 50, "copy"), (150, 160, "sum_and_scatter"),
+             (161, 170, "gemm")]
+    res = idle_gaps(spans, top=2)
+    assert res["gpu_idle_ms"] == 0.111
+    assert res["idle_gaps"] == [{"us": 100, "after": "copy", "before": "sum_and_scatter"},
+                                {"us": 10, "after": "attention", "before": "copy"}]
+    assert idle_gaps([]) == {"gpu_idle_ms": 0.0, "idle_gaps": []}
+
+
 def test_the_results_page_leads_with_the_zoo_where_it_ran(tmp_path):
     """A zoo run's JSON (``benchmarks.zoo``) becomes the page's first section, with the
     geometric mean of thunder + fuser against torch.compile."""
