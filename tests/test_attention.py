@@ -102,3 +102,72 @@ def test_grouped_query_attention_by_enable_gqa_matches_eager(way):
         assert [f for info in backend.subgraph_infos for f in info.thunder_compiled_fns]
     g = torch.randn_like(want)
     torch.testing.assert_close(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g))
+
+
+class _GQABlock(torch.nn.Module):
+    """Grouped-query attention as Llama-style models write it: one projection for q, k and
+    v, a rotation of q and k, k and v expanded over each group's query heads."""
+
+    def __init__(self, d=64, heads=4, groups=2):
+        super().__init__()
+        self.h, self.g, self.e = heads, groups, d // heads
+        self.qkv = torch.nn.Linear(d, (heads + 2 * groups) * self.e, bias=False)
+        self.proj = torch.nn.Linear(d, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).split((self.h * self.e, self.g * self.e, self.g * self.e), dim=-1)
+        q, k, v = (t.reshape(b, s, -1, self.e).transpose(1, 2) for t in (q, k, v))
+
+        def rotate(t):
+            half = t.shape[-1] // 2
+            return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
+
+        q, k = rotate(q), rotate(k)
+        k, v = (t[:, :, None].expand(b, self.g, self.h // self.g, s, self.e).reshape(b, self.h, s, self.e)
+                for t in (k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
+def test_attention_reads_heads_inside_the_sequence_and_nothing_copies_around_it():
+    """Region outputs attention reads are laid out [b, s, h, d] in memory (the projections'
+    order): the output attention allocates like q then goes back to [b, s, h * d] as a view,
+    and the expanded k and v of grouped-query attention are stored by the region's kernel,
+    not copied by torch's reshape (H200, Llama-3.2-1B: 32 such copies a step, 0.88 ms)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(0)
+    block = _GQABlock()
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    cos, sin = torch.randn(16, 16), torch.randn(16, 16)
+    jb = thunder.jit(block, executors=thunder_fuser.executors())
+    jb(x, cos, sin).sum().backward()  # compiled; now watch one call
+
+    seen = {"attention": [], "copied": []}
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+                seen["attention"].append([a.stride() for a in args[:3]])
+                seen["out"] = out[0].data_ptr()
+            elif func in (torch.ops.aten.clone.default, torch.ops.aten.copy_.default) and "out" in seen:
+                if any(isinstance(a, torch.Tensor) and a.data_ptr() == seen["out"] for a in args):
+                    seen["copied"].append(func)
+            return out
+
+    x.grad = None
+    block.zero_grad()
+    with Watch():
+        y = jb(x, cos, sin)
+    heads_inside = torch.empty(2, 16, 4, 16).transpose(1, 2).stride()
+    assert seen["attention"] == [[heads_inside] * 3], seen["attention"]
+    assert not seen["copied"], "the attention output was copied to go back to [b, s, h * d]"
+
+    want_x = x.detach().clone().requires_grad_()
+    want = block(want_x, cos, sin)
+    torch.testing.assert_close(y, want)
+    y.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(x.grad, want_x.grad)

@@ -45,7 +45,7 @@ from thunder_fuser.ir.same_values import same_values
 from thunder_fuser.ir.scalar_broadcasts import read_scalars_unbroadcast
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
 from thunder_fuser.backends.cute import compile_workers
-from thunder_fuser.layout import matmul_reads
+from thunder_fuser.layout import attention_reads, matmul_reads
 from thunder_fuser.inspect.printing import op_line, segment_lines
 from thunder_fuser.runtime.region_runner import RegionRunner, region_runner
 from thunder_fuser.runtime.straight_line import StraightLineWarning
@@ -97,6 +97,7 @@ class FuserExecutor(FusionExecutor):
         self._fuel = float("inf")
         # during fusion_pass's final build: tensor name -> how a matmul of the trace reads it
         self._matmul_reads: dict[str, str] = {}
+        self._attention_reads: frozenset[str] = frozenset()  # ... and those attention reads
         self._copyable: frozenset[str] = frozenset()  # names whose aliasing nothing observes
         self._dead_inputs: dict = {}  # a fusion's output names -> its inputs it may write over
         self._kept_apart: frozenset[int] = frozenset()  # during fusion_pass: ``contiguous_of_resizes``
@@ -151,6 +152,7 @@ class FuserExecutor(FusionExecutor):
         ir = build_region(name, flat, inputs, outputs)
         ir.grad_enabled = _grad_enabled_at_trace_time()
         ir.matmul_reads = {o.name: self._matmul_reads[o.name] for o in outputs if o.name in self._matmul_reads}
+        ir.attention_reads = frozenset(o.name for o in outputs if o.name in self._attention_reads)
         ir.copyable_outputs = frozenset(o.name for o in outputs if o.name in self._copyable)
         ir.dead_inputs = self._dead_inputs.get(tuple(o.name for o in outputs), frozenset())
         title = f"{name} ({self._pass})"
@@ -214,6 +216,7 @@ class FuserExecutor(FusionExecutor):
         # the fusions are built again, for the final trace: now each knows which of its
         # outputs a matmul reads, and lays them out for it
         self._matmul_reads = matmul_reads(_matmul_calls(out.bound_symbols))
+        self._attention_reads = attention_reads(_calls(out.bound_symbols))
         self._copyable = _unobserved_aliasing(out)
         try:
             self._dead_inputs = dead_inputs(out)
@@ -227,6 +230,7 @@ class FuserExecutor(FusionExecutor):
         finally:
             self._pass = _FIRST_PASS
             self._matmul_reads, self._copyable, self._dead_inputs = {}, frozenset(), {}
+            self._attention_reads = frozenset()
             self._kept_apart = frozenset()
         if guarded:  # after fusion: an input thunder replaced has no unpacking, which fusion's dataflow needs
             out = with_alias_guard(out)
@@ -283,6 +287,12 @@ def _on_cuda(trace: TraceCtx) -> bool:
     except TypeError:  # an argument pytree cannot flatten: no early start (the first kernel starts them)
         return False
     return any(isinstance(a, TensorProxy) and a.device.type == "cuda" for a in args)
+
+
+def _calls(bsyms):
+    """``(op name, argument names)`` of each call in ``bsyms`` (None for a non-tensor)."""
+    for b in bsyms:
+        yield b.sym.name, tuple(a.name if isinstance(a, TensorProxy) else None for a in b.args)
 
 
 def _matmul_calls(bsyms):

@@ -134,6 +134,8 @@ class Region:
     self_copies: list = field(default_factory=list)
     # output name -> how a matmul after the region reads it (``layout/matmul_operands.py``)
     matmul_reads: dict[str, str] = field(default_factory=dict)
+    # outputs attention after the region reads as [b, h, s, d] (``layout/attention_operands.py``)
+    attention_reads: frozenset[str] = frozenset()
     # outputs whose aliasing nothing can observe (the trace writes nothing in place and does
     # not return them): a view among them may be stored as a copy (``plan/stored_views.py``)
     copyable_outputs: frozenset[str] = frozenset()

@@ -164,7 +164,7 @@ def infer_allocation_orders(
     for node in region.nodes:
         operands = node.tensor_inputs()
         if operands:
-            z = _zero_dims(node, operands, zeros)
+            z = zero_dims(node, operands, zeros)
             zeros.update((id(o), z) for o in node.outputs if o.is_tensor)
         for out in node.outputs:
             if not out.is_tensor or id(out) in result:
@@ -306,7 +306,7 @@ def _strides(v: Value, order: tuple[int, ...], zeros: dict[int, frozenset], real
     return tuple(0 if d in z else s for d, s in enumerate(strides))
 
 
-def _zero_dims(node: Node, operands: list[Value], zeros: dict[int, frozenset]) -> frozenset:
+def zero_dims(node: Node, operands: list[Value], zeros: dict[int, frozenset]) -> frozenset:
     """The broadcast (stride-0) dims of ``node``'s output: for a view, its new dims and those it reads
     only from its operand's broadcast dims; for a conversion, its operand's (thunder's type
     promotion converts a broadcast operand inside the op; ``_converted_strides`` tells where

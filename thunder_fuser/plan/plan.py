@@ -22,6 +22,7 @@ from thunder_fuser.inspect import debug
 from thunder_fuser.ir.ops import METADATA
 from thunder_fuser.ir.region import Region
 from thunder_fuser.layout import dim_provenance, infer_allocation_orders, stride_order, strides_for_order
+from thunder_fuser.layout.attention_operands import lay_out_for_attention
 from thunder_fuser.layout.matmul_operands import lay_out_for_matmuls
 from thunder_fuser.plan.stored_views import with_stored_views
 from thunder_fuser.segment import Segment, schedule_segments
@@ -268,7 +269,7 @@ def build_plan(region: Region, segments: list[Segment], args) -> Plan:
     strides = {v.name: tuple(a.stride()) for v, a in zip(region.inputs, args) if isinstance(a, torch.Tensor)}
     orders = infer_allocation_orders(region, in_orders, in_bcast, prov, strides)
     fresh = fresh_values(region, segments)
-    notes = lay_out_for_matmuls(region, orders, fresh)
+    notes = lay_out_for_attention(region, orders, fresh) + lay_out_for_matmuls(region, orders, fresh)
     if kernel_mode({id(v): a for v, a in zip(region.inputs, args)}, region) is not None:
         segments, stored = with_stored_views(region, segments, args, orders)
         if stored:  # the stored views are allocated now too: lay them out for their matmul
@@ -319,6 +320,7 @@ def _layout_text(region, in_orders, orders, kinds) -> str:
     for o in region.outputs:
         if id(o) in orders:
             why = f" (read by a {region.matmul_reads[o.name]} matmul)" if o.name in region.matmul_reads else ""
+            why += " (read by attention)" if o.name in region.attention_reads else ""
             lines.append(f"  output {o.name} {tuple(o.shape)} allocation order {orders[id(o)]}{why}")
     lines.append("  segment kinds: " + ", ".join(f"{i}={k}" for i, k in kinds.items()))
     return "\n".join(lines)

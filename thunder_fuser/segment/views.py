@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from thunder_fuser.ir.ops import METADATA
 from thunder_fuser.ir.region import Node, Region
+from thunder_fuser.layout.allocation_order import zero_dims
+from thunder_fuser.layout.reshape_groups import reshape_groups
 from thunder_fuser.segment.segmenter import Segment
 
 
@@ -29,12 +31,42 @@ def alias_views(seg: Segment) -> list[Node]:
         chain, v = [], o
         while id(v) in producer and producer[id(v)].op in METADATA:
             node = producer[id(v)]
+            if copies_to_reshape(node, producer):
+                break
             chain.append(node)
             v = node.args[0]
             if id(v) in visible:
                 chosen.update(id(n) for n in chain)
                 break
     return [n for n in seg.nodes if id(n) in chosen]
+
+
+def copies_to_reshape(node: Node, producer: dict) -> bool:
+    """Whether torch must copy to make this reshape: it merges a broadcast dim (stride 0)
+    with a dim that is not one (grouped-query attention's K and V expanded over the query
+    heads of each group, then reshaped to the heads). The segment's kernel stores it
+    instead: torch's copy would be a launch of its own outside the region."""
+    if node.op != "reshape":
+        return False
+    src = node.args[0]
+    zeros = _broadcast_dims(src, producer)
+    groups = reshape_groups(tuple(src.shape), tuple(node.outputs[0].shape))
+    if groups is None:
+        return True
+    for dims, _ in groups:
+        big = [d for d in dims if src.shape[d] != 1]
+        if len(big) > 1 and any(d in zeros for d in big) and not all(d in zeros for d in big):
+            return True
+    return False
+
+
+def _broadcast_dims(v, producer: dict) -> frozenset:
+    """``v``'s stride-0 dims, through the views (``producer``) that made it."""
+    node = producer.get(id(v))
+    operands = node.tensor_inputs() if node is not None else []
+    if not operands:
+        return v.broadcast_dims
+    return zero_dims(node, operands, {id(operands[0]): _broadcast_dims(operands[0], producer)})
 
 
 def fresh_values(region: Region, segments: list[Segment]) -> set[int]:
