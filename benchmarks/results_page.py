@@ -125,19 +125,25 @@ def _distributed(results: str) -> list[str]:
 
 
 def _zoo(results: str) -> list[str]:
-    from benchmarks.zoo import geometric_mean_line, table
+    from benchmarks.zoo import bucket_table, geometric_mean_line, table
 
     docs = _load_all(results, "zoo-")
     if not docs:
         return []
-    return ["## Whole training steps of the model zoo (`python -m benchmarks.zoo`)", "",
+    lines = ["## Whole training steps of the model zoo (`python -m benchmarks.zoo`)", "",
             f"{docs[0]['device']}. Each model at its full depth or at the layers shown (full depth in "
             "brackets), its real width, the forward with the loss, the backward, torch's fused AdamW and "
             "`zero_grad` in every step (thunder+fuser+step: the optimizer's step through us). Contenders in "
             "interleaved turns, each checked against eager (loss, gradients, first update) before and after "
             "them. GPU ms split by kernel: matmuls, attention, ours, the optimizer's, Triton's, and torch's "
             "others (named in each model's JSON). GPU idle: the step's waits between kernels (the longest, "
-            "with the kernels around them, in the JSON).", "", table(docs), "", geometric_mean_line(docs), ""]
+            "with the kernels around them, in the JSON); alone ms: the contender's steps alone in the process, "
+            "before the turns.", "", table(docs), "", geometric_mean_line(docs), ""]
+    buckets = bucket_table(docs)
+    if buckets:
+        lines += ["Bucketed sequence lengths (`--buckets`): each length's first step, its steps alone (fixed) "
+                  "and in turns over the lengths, and what the turns built again.", "", buckets, ""]
+    return lines
 
 
 def _optimizer(results: str) -> list[str]:

@@ -23,11 +23,16 @@ moves a weight by about the learning rate, half a bf16 ulp of a weight of 0.25: 
 update's error would measure roundings, not the step), and beyond what its gradient's
 difference from eager's moves it. The contenders are then timed in interleaved turns
 (``models.time_interleaved``), so a contender that needs the allocator to hand back the same
-addresses shows it; after the
-turns each is checked again (``models.check_after_turns``). Per contender: the step's time,
-tokens/s, peak and held memory, the first step's seconds, and one profiled step's GPU time by
-kind of kernel (``kernel_kinds``): matmuls, attention, our kernels, the optimizer's, Triton's,
-and every other torch kernel by name (what our regions left outside).
+addresses shows it; after the turns each is checked again (``models.check_after_turns``).
+Per contender: the step's time, tokens/s, its steps alone in the process after its warm-up
+(``alone ms``: a contender slower in turns than alone depends on what ran between its
+steps), peak and held memory, the first step's seconds, and one profiled step's GPU time by
+kind of kernel (``kernel_kinds``): matmuls, attention, our kernels, the optimizer's,
+Triton's, and every other torch kernel by name (what our regions left outside), and where
+the GPU waited between kernels (``idle_gaps``).
+
+``--buckets 512,1024,...`` also steps each contender over those sequence lengths in turns,
+against each length alone, and counts what the turns built again (``benchmarks/buckets.py``).
 
 ``--tiny`` runs the same harness on the CPU with tiny configs in fp32 (its timings mean nothing).
 Writes ``zoo-<model>.json`` per model into ``--out`` and prints a table last.
@@ -46,6 +51,7 @@ import warnings
 import torch
 
 from benchmarks import cli
+from benchmarks.buckets import bucketed
 from benchmarks.contenders import run_label, wrap
 from benchmarks.model_zoo import batch, build
 from benchmarks.models import (
@@ -82,6 +88,7 @@ LR, WEIGHT_DECAY = 1e-3, 0.1
 # update and what the gradient's own difference explains (``_gradient_slack``); a step is
 # wrong when more than UPDATE_OFF of a parameter's elements are off
 UPDATE_REL, UPDATE_OFF = 5e-2, 1e-2
+ALONE_STEPS = 5  # each contender's steps alone in the process, after its warm-up
 
 
 class Trainer:
@@ -243,9 +250,11 @@ def _first_step(trainer: Trainer, ref: dict, res: dict) -> str | None:
     return _update_error(module, before, ref["updates"], slack)
 
 
-def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, timers: list, checks: list) -> dict:
+def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, timers: list, checks: list,
+                  buckets: tuple = ()) -> dict:
     """One contender: its first step checked, its memory and a profiled step; its timing
-    (``timers``) and its check after the timed turns (``checks``) for ``run_model``."""
+    (``timers``) and its check after the timed turns (``checks``) for ``run_model``;
+    ``buckets``: sequence lengths its steps also take in turns (``benchmarks/buckets.py``)."""
     built, others, pools_before = contender_model(name, layers, ref, tiny)
     module = built.module
     idx, targets = ref["batch"]
@@ -261,6 +270,11 @@ def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, time
             for _ in range(3):  # the kernels compiled in workers arrive; graphs are captured
                 trainer.step(idx, targets)
             _sync()
+            # its steps alone in the process, against its steps in turns with the others
+            res["step_ms_alone"] = round(statistics.median(trainer.time_steps(idx, targets, ALONE_STEPS)), 3)
+            if buckets:
+                res["buckets"] = bucketed(trainer.step, trainer.fn,
+                                          {n: batch(built, idx.shape[0], n, device=idx.device) for n in buckets})
         if torch.cuda.is_available():
             gc.collect()
             torch.cuda.synchronize()
@@ -313,7 +327,8 @@ def reference(name: str, layers: int, batch_size: int, seq: int, tiny: bool) -> 
             "updates": updates}, config
 
 
-def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, steps: int, tiny: bool) -> dict:
+def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, steps: int, tiny: bool,
+              buckets: tuple = ()) -> dict:
     full = ZOO.get(name, (layers, layers))[1]
     ref, config = reference(name, layers, batch_size, seq, tiny)
     out = {"name": name, "layers": layers, "full_depth": full, "config": config, "contenders": {}}
@@ -323,7 +338,7 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
         for kind in contenders:
             label = run_label(kind, out["contenders"])
             print(f"[{name}] {label} ...", flush=True)
-            out["contenders"][label] = run_contender(kind, name, layers, ref, tiny, timers, checks)
+            out["contenders"][label] = run_contender(kind, name, layers, ref, tiny, timers, checks, buckets)
         time_interleaved(timers, steps, batch_size, seq)
         check_after_turns(checks)
     finally:
@@ -335,25 +350,44 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
     for label, r in out["contenders"].items():
         if base and r.get("step_ms"):
             r["x_torch_compile"] = round(base / r["step_ms"], 3)
+        if r.get("step_ms") and r.get("step_ms_alone"):
+            r["x_alone"] = round(r["step_ms"] / r["step_ms_alone"], 3)
         print(f"[{name}] {label}: " + json.dumps({k: v for k, v in r.items() if k != "torch_kernels"}), flush=True)
     return out
 
 
 def table(results: list) -> str:
-    lines = ["| model | layers (full) | contender | step ms | x torch.compile | tokens/s | GPU ms | GPU idle ms | matmul | attention "
+    lines = ["| model | layers (full) | contender | step ms | alone ms | x torch.compile | tokens/s | GPU ms | GPU idle ms | matmul | attention "
              "| ours | optimizer | triton | torch | peak GiB | held GiB | first call s | error |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
              "| ---: | --- |"]
     for r in results:
         for label, c in r["contenders"].items():
             kinds = c.get("gpu_ms_by_kind", {})
             lines.append("| " + " | ".join(str(x) for x in (
-                r["name"], f"{r['layers']} ({r['full_depth']})", label, c.get("step_ms", ""),
+                r["name"], f"{r['layers']} ({r['full_depth']})", label, c.get("step_ms", ""), c.get("step_ms_alone", ""),
                 c.get("x_torch_compile", ""), c.get("tokens_per_s", ""), c.get("gpu_ms", ""), c.get("gpu_idle_ms", ""),
                 *(kinds.get(k, "") for k in ("matmul", "attention", "ours", "optimizer", "triton", "torch")),
                 c.get("peak_GiB", ""), c.get("held_GiB", ""), c.get("first_call_s", ""),
                 (c.get("error") or "")[:120])) + " |")
     return "\n".join(lines)
+
+
+def bucket_table(results: list) -> str:
+    """Per model, contender and length: the bucketed run (``benchmarks/buckets.py``); empty
+    where no model ran one."""
+    lines = ["| model | contender | length | first step s | fixed ms | in turns ms | x fixed | built again in the turns |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in results:
+        for label, c in r["contenders"].items():
+            b = c.get("buckets")
+            if not b:
+                continue
+            again = ", ".join(f"{k} {v}" for k, v in b["rebuilt"].items() if v) or "nothing"
+            for n, row in b["lengths"].items():
+                lines.append(f"| {r['name']} | {label} | {n} | {row['first_s']} | {row['fixed_ms']} | "
+                             f"{row.get('turns_ms', '')} | {row.get('x_fixed', '')} | {again} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def geometric_mean_line(results: list) -> str:
@@ -380,7 +414,9 @@ def main(argv=None) -> None:
     ap.add_argument("--seq", type=int, default=2048, help="tokens per sequence (--tiny: 32)")
     ap.add_argument("--steps", type=int, help="timed steps per contender, in interleaved turns (default: 20; --tiny: 2)")
     ap.add_argument("--tiny", action="store_true", help="the CPU smoke test: tiny configs in fp32")
+    ap.add_argument("--buckets", help="comma-separated sequence lengths each contender also steps over in turns")
     a = ap.parse_args(argv)
+    buckets = tuple(int(n) for n in a.buckets.split(",")) if a.buckets else ()
     a.tiny = a.tiny or not torch.cuda.is_available()
     if a.tiny:
         a.seq = min(a.seq, 32)
@@ -391,12 +427,14 @@ def main(argv=None) -> None:
     results = []
     for name in names:
         layers = a.layers or (2 if a.tiny else ZOO.get(name, (2, 2))[0])
-        r = run_model(name, contenders, layers, a.batch, a.seq, steps, a.tiny)
+        r = run_model(name, contenders, layers, a.batch, a.seq, steps, a.tiny, buckets)
         r["device"] = _device()
         results.append(r)
         with open(os.path.join(a.out, f"zoo-{name}.json"), "w") as f:
             json.dump(r, f, indent=1)
     print(table(results))
+    if bucket_table(results):
+        print(bucket_table(results))
     print(geometric_mean_line(results))
 
 
