@@ -34,6 +34,10 @@ ZOO_LITGPT = ("Llama-3.2-3B", "Mistral-7B-v0.1", "Phi-3-mini-4k-instruct", "Gemm
               "OLMo-1B-hf", "falcon-7b", "stablelm-3b-4e1t", "pythia-1b")
 # and transformers' (4.52.4) Mistral, Phi3 and Gemma2 (its logits soft-capped)
 ZOO_HF = ("hf-Mistral", "hf-Phi3", "hf-Gemma2")
+# a vision transformer: transformers' ViT-Base/16 at 224 pixels (a conv's patches, a class
+# token, attention without a mask, LayerNorm, GELU, a classifier's loss over 1000 labels)
+VISION = ("hf-ViT",)
+TINY_VIT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, image_size=32, patch_size=8, num_labels=10)
 
 # tiny sizes for the CPU (every name's structure, a few thousand parameters)
 TINY_LITGPT = dict(n_embd=64, n_head=4, intermediate_size=128, padded_vocab_size=512, vocab_size=500, block_size=64,
@@ -92,12 +96,26 @@ class HFWithLoss(torch.nn.Module):
         return self.model(input_ids=idx, labels=targets).loss
 
 
+class HFImageWithLoss(torch.nn.Module):
+    """A transformers image classifier and the loss a training loop takes of its logits:
+    (pixels, labels) -> loss. (Its own loss looks itself up on each call through a
+    ``warning_once`` cache, which thunder's interpreter cannot trace a write into.)"""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels, labels):
+        return F.cross_entropy(self.model(pixel_values=pixels).logits, labels)
+
+
 @dataclass
 class Built:
     name: str
-    module: torch.nn.Module  # (idx, targets) -> loss
+    module: torch.nn.Module  # (idx, targets) -> loss; an image model's (pixels, labels) -> loss
     config: dict  # what the results record of it
-    vocab: int
+    vocab: int  # token ids, or an image model's labels
+    image: tuple[int, int] | None = None  # an image model's (pixels a side, pixels a patch side)
 
 
 def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=torch.float32, seed: int = 0,
@@ -132,8 +150,20 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
         module = HFWithLoss(model)
         config = dict(source=f"transformers {transformers.__version__}", num_hidden_layers=layers, **sizes)
         vocab = sizes["vocab_size"]
+    elif name in VISION:
+        import transformers
+
+        sizes = TINY_VIT if tiny else dict(num_labels=1000)
+        cfg = transformers.ViTConfig(num_hidden_layers=layers, attn_implementation="sdpa", **sizes)
+        module = HFImageWithLoss(transformers.ViTForImageClassification(cfg))
+        config = dict(source=f"transformers {transformers.__version__}", num_hidden_layers=layers,
+                      hidden_size=cfg.hidden_size, image_size=cfg.image_size, patch_size=cfg.patch_size,
+                      num_labels=cfg.num_labels)
+        return Built(name, module.to(dtype=dtype) if device is None else module.to(device=device, dtype=dtype),
+                     config, cfg.num_labels, (cfg.image_size, cfg.patch_size))
     else:
-        raise ValueError(f"unknown model {name!r}; one of {MODELS + MORE + SHARDED_LITGPT + ZOO_LITGPT + ZOO_HF}")
+        raise ValueError(f"unknown model {name!r}; one of "
+                         f"{MODELS + MORE + SHARDED_LITGPT + ZOO_LITGPT + ZOO_HF + VISION}")
     return Built(name, module.to(dtype=dtype) if device is None else module.to(device=device, dtype=dtype), config,
                  vocab)
 
@@ -156,8 +186,17 @@ def hf_causal_lm(name: str, layers: int, tiny: bool, **options):
 
 
 def batch(built: Built, batch_size: int, seq: int, device="cpu", seed: int = 1):
-    """Token ids and targets, a few targets ignored (a prompt's tokens)."""
+    """Token ids and targets, a few targets ignored (a prompt's tokens). An image model
+    takes as many images as ``batch_size * seq`` tokens fill (a patch a token, and the class
+    token), at least one, and a label each."""
     g = torch.Generator().manual_seed(seed)
+    if built.image is not None:
+        side, patch = built.image
+        images = max(1, batch_size * seq // ((side // patch) ** 2 + 1))
+        pixels = torch.randn(images, 3, side, side, generator=g)
+        labels = torch.randint(0, built.vocab, (images,), generator=g)
+        dtype = next(built.module.parameters()).dtype
+        return pixels.to(device, dtype), labels.to(device)
     idx = torch.randint(0, built.vocab, (batch_size, seq), generator=g)
     targets = torch.randint(0, built.vocab, (batch_size, seq), generator=g)
     targets[:, :3] = -100

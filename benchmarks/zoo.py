@@ -78,7 +78,7 @@ ZOO = {
     "Phi-3-mini-4k-instruct": (10, 32), "Gemma-2-2b": (12, 26), "Qwen2.5-1.5B": (28, 28), "OLMo-1B-hf": (16, 16),
     "falcon-7b": (8, 32), "stablelm-3b-4e1t": (12, 32), "pythia-1b": (16, 16), "pythia-410m": (24, 24),
     "hf-Llama": (16, 16), "hf-Qwen2": (24, 24), "hf-Mistral": (8, 32), "hf-Phi3": (10, 32), "hf-Gemma2": (12, 26),
-    "hf-GPT2": (12, 12),
+    "hf-GPT2": (12, 12), "hf-ViT": (12, 12),
 }
 TINY_MODELS = ("Llama-3.2-1B", "hf-GPT2")
 CONTENDERS = ("eager", "torch.compile", "thunder+torchcompile", "thunder+fuser", "thunder+fuser+step",

@@ -330,6 +330,19 @@ def test_the_zoos_update_check_tells_a_bf16_rounding_from_a_wrong_step():
     assert "elements off" in moved(-1.0, lambda x: x.bfloat16())
 
 
+def test_the_zoo_runs_a_process_per_model_and_gathers_their_tables(tmp_path, capsys):
+    """``benchmarks.zoo_parallel``: each model in a process of its own (one GPU each where
+    there are several), every model's JSON and log written, one table of all printed."""
+    from benchmarks import zoo_parallel
+
+    assert zoo_parallel.main(["--models", "hf-GPT2,hf-ViT", "--gpus", "2", "--out", str(tmp_path), "--tiny",
+                              "--steps", "1", "--contenders", "eager"]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {"zoo-hf-GPT2.json", "zoo-hf-GPT2.log", "zoo-hf-ViT.json",
+                                                    "zoo-hf-ViT.log"}
+    out = capsys.readouterr().out
+    assert "| hf-GPT2 | 2 (12) | eager |" in out and "| hf-ViT | 2 (12) | eager |" in out
+
+
 def test_zoo_kernels_are_told_apart_by_name():
     from benchmarks.zoo import kernel_kind
 

@@ -1,0 +1,71 @@
+"""The zoo one model a GPU: ``benchmarks.zoo`` in a process per model, as many at once as
+the machine has GPUs, each process seeing one GPU.
+
+    python -m benchmarks.zoo_parallel --models Llama-3.2-1B,phi-2,hf-ViT [zoo options...]
+
+Each model's contenders still share one process and one GPU (their turns interleave there);
+models share nothing but the host, so a machine of eight GPUs runs eight models in the time
+of one. Each process writes its ``zoo-<model>.json`` into ``--out`` and its output into
+``zoo-<model>.log`` there; the table of every model that finished is printed last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from benchmarks import cli
+
+
+def main(argv=None) -> int:
+    ap = cli.parser("benchmarks.zoo_parallel", __doc__)
+    ap.add_argument("--models", required=True, help="comma-separated zoo models")
+    ap.add_argument("--out", default="benchmarks/results", help="folder for zoo-<model>.json and .log")
+    ap.add_argument("--gpus", type=int, help="processes at once (default: the GPUs torch sees)")
+    a, rest = ap.parse_known_args(argv)
+    if a.gpus is None:
+        import torch
+
+        a.gpus = max(1, torch.cuda.device_count())
+    os.makedirs(a.out, exist_ok=True)
+    waiting = a.models.split(",")
+    running: dict[int, tuple[str, subprocess.Popen]] = {}
+    codes: dict[str, int] = {}
+    while waiting or running:
+        for gpu in range(a.gpus):
+            if gpu not in running and waiting:
+                name = waiting.pop(0)
+                log = open(os.path.join(a.out, f"zoo-{name}.log"), "w")
+                env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
+                cmd = [sys.executable, "-m", "benchmarks.zoo", "--models", name, "--out", a.out, *rest]
+                running[gpu] = (name, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+                print(f"[gpu {gpu}] {name} ...", flush=True)
+        for gpu, (name, proc) in list(running.items()):
+            if proc.poll() is not None:
+                codes[name] = proc.returncode
+                print(f"[gpu {gpu}] {name} exited {proc.returncode}", flush=True)
+                del running[gpu]
+        time.sleep(1)
+    from benchmarks.zoo import bucket_table, geometric_mean_line, table
+
+    results = []
+    for name in a.models.split(","):
+        path = os.path.join(a.out, f"zoo-{name}.json")
+        if codes.get(name) == 0 and os.path.exists(path):
+            with open(path) as f:
+                results.append(json.load(f))
+    print(table(results))
+    if bucket_table(results):
+        print(bucket_table(results))
+    print(geometric_mean_line(results))
+    failed = [n for n, c in codes.items() if c != 0]
+    if failed:
+        print("failed (see their logs):", ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
