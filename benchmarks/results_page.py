@@ -125,7 +125,7 @@ def _distributed(results: str) -> list[str]:
 
 
 def _zoo(results: str) -> list[str]:
-    from benchmarks.zoo import bucket_table, geometric_mean_line, table
+    from benchmarks.zoo import bucket_table, geometric_mean_line, outside_table, table
 
     docs = _load_all(results, "zoo-")
     if not docs:
@@ -139,6 +139,10 @@ def _zoo(results: str) -> list[str]:
             "others (named in each model's JSON). GPU idle: the step's waits between kernels (the longest, "
             "with the kernels around them, in the JSON); alone ms: the contender's steps alone in the process, "
             "before the turns.", "", table(docs), "", geometric_mean_line(docs), ""]
+    outside = outside_table(docs)
+    if outside:
+        lines += ["Torch kernels thunder + fuser's step ran outside our regions, and why (a copy or an "
+                  "elementwise op among them is ours to take).", "", outside, ""]
     buckets = bucket_table(docs)
     if buckets:
         lines += ["Bucketed sequence lengths (`--buckets`): each length's first step, its steps alone (fixed) "

@@ -174,6 +174,22 @@ KINDS = (
 )
 
 
+# why a torch kernel runs outside our regions, by a mark in its name; a kernel none of these
+# names is reported as unexplained (a copy or an elementwise op is one of ours to take)
+LEFT_OUTSIDE = (
+    (("sum_and_scatter", "compute_grad_weight", "radix_sort", "unique_by_key", "krn_partial", "DeviceScan",
+      "vectorized_gather", "DeviceRadixSort"),
+     "the embedding's backward (aten.embedding_backward): rows summed by token id, sorted first; no kernel "
+     "family of ours scatters"),
+    (("Memset",), "a driver memset (cuBLAS's and cuDNN's workspaces, the embedding backward's counts)"),
+)
+
+
+def left_outside_why(name: str) -> str:
+    """Why a torch kernel runs outside our regions, or "unexplained"."""
+    return next((why for marks, why in LEFT_OUTSIDE if any(m in name for m in marks)), "unexplained")
+
+
 def kernel_kind(name: str) -> str:
     """What a GPU kernel is, by its name: one of ``KINDS``, else ``torch``."""
     low = name.lower()
@@ -195,7 +211,8 @@ def kernel_kinds(prof) -> dict:
     left = sorted(torch_kernels.items(), key=lambda kv: -kv[1][1])
     return {"kernels_per_step": len(kernels), "gpu_ms": round(sum(e.device_time for e in kernels) / 1e3, 3),
             "gpu_ms_by_kind": {k: round(v, 3) for k, v in sorted(ms.items())},
-            "torch_kernels": [{"name": n, "calls": c, "ms": round(t, 3)} for n, (c, t) in left[:20]],
+            "torch_kernels": [{"name": n, "calls": c, "ms": round(t, 3), "why": left_outside_why(n)}
+                              for n, (c, t) in left[:20]],
             **idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in kernels])}
 
 
@@ -371,6 +388,30 @@ def table(results: list) -> str:
                 c.get("peak_GiB", ""), c.get("held_GiB", ""), c.get("first_call_s", ""),
                 (c.get("error") or "")[:120])) + " |")
     return "\n".join(lines)
+
+
+def short_kernel_name(name: str) -> str:
+    """What a torch kernel does, from its C++ name: its functor (``direct_copy_kernel_cuda``,
+    ``FillFunctor<c10::BFloat16>``), else its function's name."""
+    import re
+
+    for pattern in (r"direct_copy_kernel_cuda", r"\w+Functor(<[\w:, ]*>)?", r"CatArray\w*"):
+        m = re.search(pattern, name)
+        if m:
+            return m.group(0)
+    head = name.replace("(anonymous namespace)::", "").split("(")[0].split("<")[0]
+    return head.split("::")[-1].replace("void ", "").strip() or name[:60]
+
+
+def outside_table(results: list, contender: str = "thunder+fuser") -> str:
+    """Per model, the torch kernels ``contender``'s step ran outside our regions, and why;
+    empty where none was profiled."""
+    lines = ["| model | kernel | calls | ms | why outside our regions |", "| --- | --- | ---: | ---: | --- |"]
+    for r in results:
+        for k in r["contenders"].get(contender, {}).get("torch_kernels", []):
+            lines.append(f"| {r['name']} | `{short_kernel_name(k['name'])}` | {k['calls']} | {k['ms']} | "
+                         f"{k.get('why') or left_outside_why(k['name'])} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def bucket_table(results: list) -> str:

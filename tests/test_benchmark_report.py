@@ -343,6 +343,19 @@ def test_the_zoo_runs_a_process_per_model_and_gathers_their_tables(tmp_path, cap
     assert "| hf-GPT2 | 2 (12) | eager |" in out and "| hf-ViT | 2 (12) | eager |" in out
 
 
+def test_zoo_names_each_torch_kernel_outside_our_regions_and_why():
+    from benchmarks.zoo import left_outside_why, short_kernel_name
+
+    copy = "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}>"
+    fill = "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>, std::array<char*, 1ul> >(int, at::native::FillFunctor<c10::BFloat16>)"
+    scatter = "void at::native::(anonymous namespace)::sum_and_scatter<c10::BFloat16, long>(long const*, c10::BFloat16*)"
+    assert short_kernel_name(copy) == "direct_copy_kernel_cuda"
+    assert short_kernel_name(fill) == "FillFunctor<c10::BFloat16>"
+    assert short_kernel_name(scatter) == "sum_and_scatter"
+    assert left_outside_why(copy) == "unexplained"  # a copy is ours to take: never explained away
+    assert "embedding" in left_outside_why(scatter)
+
+
 def test_zoo_kernels_are_told_apart_by_name():
     from benchmarks.zoo import kernel_kind
 
