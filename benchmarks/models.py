@@ -114,7 +114,7 @@ def _fallbacks(fn) -> list[str]:
             for v in traces[-1].python_ctx().values():
                 if isinstance(v, RegionRunner):
                     for p in v.plans.values():
-                        out += [f"{v.region.name} segment {i}: {r}" for i, r in p.fallbacks.items()]
+                        out += [f"{v.region.name} segment {i}: {r}" for i, r in p.decision.fallbacks.items()]
     return out
 
 

@@ -26,7 +26,7 @@ from benchmarks.timing import host_us_interleaved
 from benchmarks.workloads import gelu_bias
 from thunder_fuser import fuser_ex
 from thunder_fuser.backends.cute import cache, segment_kernel
-from thunder_fuser.plan.plan import spec_key
+from thunder_fuser.runtime.plan import spec_key
 from thunder_fuser.runtime.region_runner import RegionRunner
 from thunder_fuser.runtime.straight_line import straight_line
 
@@ -48,10 +48,10 @@ def main():
     RegionRunner.__call__ = orig
     runner, args = seen[-1]
     plan = runner.plan_for(args)
-    seg = plan.schedule.order[0]
+    seg = plan.decision.schedule.order[0]
     k = plan.kernels[seg.index]
     part = k.parts[0]
-    env = {id(v): a for v, a in zip(plan.region.inputs, args)}
+    env = {id(v): a for v, a in zip(plan.decision.region.inputs, args)}
     from thunder_fuser.backends.cute.tiling.base_maps import views_for_call
     from thunder_fuser.backends.cute.segment_kernel import _allocate
 

@@ -245,7 +245,7 @@ def check_kernels_fall_back_only_where_lowering_does(fn, args, check=check_vs_ea
     from thunder_fuser.backends.cute import backend, segment_kernel
 
     def fallbacks(jfn):
-        return sorted((i, r) for p in plans(thunder.last_traces(jfn)[-1]) for i, r in p.fallbacks.items())
+        return sorted((i, r) for p in plans(thunder.last_traces(jfn)[-1]) for i, r in p.decision.fallbacks.items())
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("THUNDER_FUSER_KERNELS", "torch")
@@ -270,7 +270,7 @@ def assert_every_segment_ran_a_kernel_forward(jfn) -> None:
 
 def _assert_kernels(trace) -> None:
     for p in plans(trace):
-        assert all(k is not None for i, k in p.kernels.items() if p.kinds[i] != "view"), (p.kinds, p.fallbacks)
+        assert all(k is not None for i, k in p.kernels.items() if p.decision.kinds[i] != "view"), (p.decision.kinds, p.decision.fallbacks)
 
 
 STAGED_REDUCTIONS = {  # reduced dims that are runs apart in memory: (fn, input shape at CPU test size)

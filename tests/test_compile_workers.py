@@ -27,7 +27,7 @@ from thunder_fuser import explain, fuser_ex
 from thunder_fuser.backends.cute import backend, cache, compile_workers, segment_kernel
 from thunder_fuser.backends.cute.backend import KernelFallbackWarning
 from thunder_fuser.backends.cute.torch_eval import run_program
-from thunder_fuser.plan import plan as plan_mod
+from thunder_fuser.runtime import plan as plan_mod
 from thunder_fuser.runtime.region_runner import RegionRunner
 
 
@@ -133,7 +133,10 @@ class _StandIn:
 
 @pytest.fixture
 def stand_in(monkeypatch):
+    from thunder_fuser.plan import decision
+
     monkeypatch.setattr(plan_mod, "kernel_mode", lambda env, region: "cute")
+    monkeypatch.setattr(decision, "kernel_mode", lambda env, region: "cute")  # its stored views too
     monkeypatch.setattr(segment_kernel, "FILL_NAN", True)  # an unwritten element fails
     monkeypatch.setitem(cache.stats, "queued", cache.stats["queued"])  # restored after: the stand-in counts
     compiler = _StandIn()
@@ -206,7 +209,7 @@ def test_a_segment_whose_reference_run_holds_much_memory_compiles_at_the_first_c
     jfn = thunder.jit(loss, executors=[fuser_ex])
     torch.testing.assert_close(jfn(x, t), loss(x, t))
     assert stand_in.launches > 0  # at the first call
-    big = [s for p in plans(thunder.last_traces(jfn)[-1]) for s in p.segments
+    big = [s for p in plans(thunder.last_traces(jfn)[-1]) for s in p.decision.segments
            if plan_mod.reference_bytes(s) > plan_mod.REFERENCE_BYTES_TO_DEFER]
     assert big
 
@@ -256,7 +259,7 @@ def test_a_kernel_that_fails_to_build_in_a_later_call_falls_back_with_one_warnin
         jfn, _ = check_vs_eager(f, torch.randn(16, 64), torch.randn(64))
     msgs = [str(w.message) for w in caught if issubclass(w.category, KernelFallbackWarning)]
     assert msgs and all("rows kernel failed to build" in m for m in msgs), msgs
-    assert any(p.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))
+    assert any(p.decision.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))
 
 
 @pytest.mark.filterwarnings("ignore:var\\(\\). degrees of freedom")  # eager's too (a var over one element)

@@ -128,7 +128,7 @@ def _loss_regions(jfn):
 
 
 def _big_outputs(trace, n, c) -> list:
-    return [o for p in plans(trace) for o in p.region.outputs if o.is_tensor and o.numel >= n * c]
+    return [o for p in plans(trace) for o in p.decision.region.outputs if o.is_tensor and o.numel >= n * c]
 
 
 @pytest.mark.parametrize("upcast", [False, True])
@@ -148,11 +148,11 @@ def test_a_reduced_loss_writes_its_gradient_in_the_forward_row_kernel(upcast, sc
     fn(ref, t).backward()
     torch.testing.assert_close(xs.grad.double(), ref.grad, atol=1e-4, rtol=2e-2)
     fw, bw = _loss_regions(jfn)
-    segs = [s for p in plans(fw) for s in p.segments if s.kind != "view"]
+    segs = [s for p in plans(fw) for s in p.decision.segments if s.kind != "view"]
     rows = [s for s in segs if s.kind == "normalization" and s.domain == (n, c)]
     assert len(rows) == 1 and [s for s in segs if s.domain == (n, c)] == rows, [s.describe() for s in segs]
     assert [(o.dtype, o.shape) for o in _big_outputs(fw, n, c)] == [(torch.bfloat16, (n, c))]
-    assert not [s for p in plans(bw) for s in p.segments if s.domain == (n, c) and s.kind != "view"]
+    assert not [s for p in plans(bw) for s in p.decision.segments if s.domain == (n, c) and s.kind != "view"]
     assert _big_outputs(bw, n, c) == []
     assert "fuser_scale_unless_one" in str(bw) and "written by its forward for a cotangent of one" in str(bw)
     assert "nll_loss_backward" not in str(bw) and "take_along" not in str(fw)
@@ -169,19 +169,19 @@ def test_a_loss_per_row_computes_its_gradient_in_one_pointwise_backward():
     jfn = thunder.jit(lambda x, t: F.cross_entropy(x, t, reduction="none"), executors=[fuser_ex])
     jfn(x, t).sum().backward()
     fw, bw = _loss_regions(jfn)
-    segs = [s for p in plans(fw) for s in p.segments]
+    segs = [s for p in plans(fw) for s in p.decision.segments]
     rows = [s for s in segs if s.kind == "normalization" and s.domain == (n, c)]
     assert len(rows) == 1, [s.describe() for s in segs]
     big = [s for s in segs if s.domain == (n, c) and s.kind != "view"]
     assert big == rows, [s.describe() for s in big]
     assert _big_outputs(fw, n, c) == []
-    bsegs = [s for p in plans(bw) for s in p.segments if s.domain == (n, c) and s.kind != "view"]
+    bsegs = [s for p in plans(bw) for s in p.decision.segments if s.domain == (n, c) and s.kind != "view"]
     assert [s.kind for s in bsegs] == ["pointwise"], [s.describe() for s in bsegs]
     for trace in (fw, bw):
         for p in plans(trace):
-            for o in p.region.outputs:
+            for o in p.decision.region.outputs:
                 if o.is_tensor and o.dtype == torch.float32:
-                    assert o.numel < n * c, f"{o.name} {o.shape} fp32 of the logits' size in {p.region.name}"
+                    assert o.numel < n * c, f"{o.name} {o.shape} fp32 of the logits' size in {p.decision.region.name}"
 
 
 @pytest.mark.parametrize("option", ["none", "weighted mean"])
@@ -371,10 +371,10 @@ def test_a_models_loss_is_one_row_kernel_whatever_thunder_orders_first():
     targets = torch.randint(0, 512, (2, 32))
     targets[:, :3] = -100
     jfn = _check(lambda x, t, w: loss_of(x, t), logits, targets, None, 1e-5)
-    segs = [s for p in plans(thunder.last_traces(jfn)[-1]) for s in p.segments
+    segs = [s for p in plans(thunder.last_traces(jfn)[-1]) for s in p.decision.segments
             if s.domain == (64, 512) and s.kind != "view"]
     assert [s.kind for s in segs] == ["normalization"], [s.describe() for s in segs]
-    assert all(not p.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))
+    assert all(not p.decision.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))
 
 
 def test_transformers_loss_upcast_before_the_flatten_is_one_row_kernel(scalars):
@@ -395,7 +395,7 @@ def test_transformers_loss_upcast_before_the_flatten_is_one_row_kernel(scalars):
     loss = jfn(logits, labels)
     torch.testing.assert_close(loss, hf_loss(logits, labels))
     fw = thunder.last_traces(jfn)[-1]
-    big = [o for p in plans(fw) for s in p.segments if s.kind != "view" for o in s.outputs if o.numel >= 64 * 512]
+    big = [o for p in plans(fw) for s in p.decision.segments if s.kind != "view" for o in s.outputs if o.numel >= 64 * 512]
     assert [(o.dtype, o.shape) for o in big] == [(torch.bfloat16, (64, 512))], big
-    segs = [s for p in plans(fw) for s in p.segments if s.domain == (64, 512)]
+    segs = [s for p in plans(fw) for s in p.decision.segments if s.domain == (64, 512)]
     assert [s.kind for s in segs] == ["normalization"], [s.describe() for s in segs]

@@ -106,7 +106,7 @@ def _staged(jfn) -> list:
     """Per kernel program of ``jfn``: (the staged mode, how many operands it stages), or ()
     where nothing is staged; no segment on the reference backend."""
     ps = plans(thunder.last_traces(jfn)[-1])
-    assert not any(p.fallbacks for p in ps), [p.fallbacks for p in ps]
+    assert not any(p.decision.fallbacks for p in ps), [p.decision.fallbacks for p in ps]
     return [part.geo.stage and (part.geo.stage[0], len(part.geo.stage[1]))
             for p in ps for k in p.kernels.values() if k for part in k.parts]
 
@@ -233,7 +233,7 @@ def test_a_division_by_a_constant_is_eagers_to_the_bit(dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("error", KernelFallbackWarning)
         got = f(x)
-    assert not any(p.fallbacks for p in plans(thunder.last_traces(f)[-1]))
+    assert not any(p.decision.fallbacks for p in plans(thunder.last_traces(f)[-1]))
     for g, want in zip(got, (x / 1.4142135623730951, x / 3.0, x / -7.5)):
         torch.testing.assert_close(g, want, atol=0, rtol=0)
 
@@ -241,7 +241,7 @@ def test_a_division_by_a_constant_is_eagers_to_the_bit(dtype):
 def _split_row_launches(jfn) -> int:
     """Programs of ``jfn`` whose rows split across blocks; no segment on the reference backend."""
     ps = plans(thunder.last_traces(jfn)[-1])
-    assert not any(p.fallbacks for p in ps), [p.fallbacks for p in ps]
+    assert not any(p.decision.fallbacks for p in ps), [p.decision.fallbacks for p in ps]
     return sum(part.geo.split_rows for p in ps for k in p.kernels.values() if k for part in k.parts)
 
 
@@ -462,7 +462,7 @@ def test_resize_rotate_half_and_rope(dtype):
     k = _randn(2, 64, 8, 128, dtype=dtype).transpose(1, 2)
     jfn, _ = run_without_fallback(rope, q, k, _randn(64, 128, dtype=dtype), _randn(64, 128, dtype=dtype))
     (plan,) = plans(thunder.last_traces(jfn)[-1])
-    assert plan.groups[0] is not None and plan.groups[0].fn is not None, plan.apart  # q and k: one launch
+    assert plan.groups[0] is not None and plan.groups[0].fn is not None, plan.decision.apart  # q and k: one launch
     assert all(p.fn is None for p in plan.groups[0].parts)  # their own launches are never compiled
 
 
@@ -481,7 +481,7 @@ def test_independent_segments_of_three_shapes_share_one_launch(dtype):
             _randn(5, 4097, dtype=dtype), _randn(3, 4097, dtype=dtype))
     jfn, _ = run_without_fallback(three_shapes, *args)
     (plan,) = plans(thunder.last_traces(jfn)[-1])
-    assert len(plan.groups[0].parts) == 3 and plan.groups[0].fn is not None, plan.apart
+    assert len(plan.groups[0].parts) == 3 and plan.groups[0].fn is not None, plan.decision.apart
 
 
 def test_an_optimizer_steps_in_place_updates_share_launches():
@@ -499,8 +499,8 @@ def test_an_optimizer_steps_in_place_updates_share_launches():
     jfn, _ = run_without_fallback(_foreach_adamw, t(), t(), t(), [v.abs() for v in t()], steps)
     (plan,) = plans(thunder.last_traces(jfn)[-1])
     groups = [g for g in plan.groups.values() if g is not None]
-    assert plan.apart == {} and groups and all(g.fn is not None for g in groups)
-    assert sum(len(g.parts) for g in groups) == len(plan.segments) == 2 * len(shapes)
+    assert plan.decision.apart == {} and groups and all(g.fn is not None for g in groups)
+    assert sum(len(g.parts) for g in groups) == len(plan.decision.segments) == 2 * len(shapes)
 
 
 def test_a_misaligned_call_runs_a_shared_launch_apart():

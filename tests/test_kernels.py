@@ -31,7 +31,7 @@ from thunder_fuser import explain, fuser_ex
 from thunder_fuser.backends.cute import backend, segment_kernel
 from thunder_fuser.backends.cute.tiling import columns_geometry, pointwise_geometry, rows_geometry
 from thunder_fuser.backends.cute.backend import KernelFallbackWarning
-from thunder_fuser.plan import plan as plan_mod
+from thunder_fuser.runtime import plan as plan_mod
 
 
 def _plans(jfn):
@@ -40,7 +40,7 @@ def _plans(jfn):
 
 def _kernels(jfn):
     """(segment kind, SegmentKernel or None) of every segment the last call planned."""
-    return [(p.kinds[i], k) for p in _plans(jfn) for i, k in sorted(p.kernels.items())]
+    return [(p.decision.kinds[i], k) for p in _plans(jfn) for i, k in sorted(p.kernels.items())]
 
 
 def _r(*shape, dtype=torch.float32):
@@ -170,7 +170,7 @@ def test_reduced_dims_runs_apart_reduce_in_two_stages_and_explain_says_so(torch_
     fn, shape = STAGED_REDUCTIONS[name]
     jfn, _ = check_vs_float64(fn, _r(*shape, dtype=dtype))
     assert "reduces over dims (2,) first" in explain(jfn) or "reduces over dims (2, 3) first" in explain(jfn), explain(jfn)
-    kinds = [k for plan in _plans(jfn) for k in plan.kinds.values()]
+    kinds = [k for plan in _plans(jfn) for k in plan.decision.kinds.values()]
     assert "reference" not in kinds, explain(jfn)
     if name.startswith("var_mean over N"):  # var_mean's halves share one partial mean: 2 partials, not 3
         first = next(p for _, k in _kernels(jfn) for p in k.parts if p.first_stage)
@@ -282,7 +282,7 @@ def test_transposed_pieces_of_different_inner_extents_are_not_concatenated_first
 
     jfn, _ = check_vs_eager(fn, _r(2, 3, 8, 4), _r(2, 2, 8, 6))
     (plan,) = _plans(jfn)
-    assert not any(n.output.name.endswith("_split") for n in plan.region.nodes)
+    assert not any(n.output.name.endswith("_split") for n in plan.decision.region.nodes)
 
 
 def test_unsupported_segment_reason(torch_kernels):
@@ -406,7 +406,7 @@ def test_an_in_place_update_of_a_tensor_this_segment_updated_writes_it_once(torc
         return x * 1.0
 
     jfn, _ = check_vs_eager(f, _r(4, 6))
-    assert all(k for _, k in _kernels(jfn)) and not any(p.fallbacks for p in _plans(jfn))
+    assert all(k for _, k in _kernels(jfn)) and not any(p.decision.fallbacks for p in _plans(jfn))
 
 
 def test_an_in_place_write_into_a_returned_temporary_is_its_value_and_runs_a_kernel(torch_kernels):
@@ -423,7 +423,7 @@ def test_an_in_place_write_into_a_returned_temporary_is_its_value_and_runs_a_ker
 
     jfn, _ = check_vs_eager(f, _r(4, 6))
     assert "write of t1 into t0 elided" in explain(jfn)
-    assert all(k for _, k in _kernels(jfn)) and not any(p.fallbacks for p in _plans(jfn))
+    assert all(k for _, k in _kernels(jfn)) and not any(p.decision.fallbacks for p in _plans(jfn))
 
 
 def test_a_row_reduction_gathers_an_operand_strided_along_the_row(torch_kernels):
@@ -1044,9 +1044,9 @@ def test_independent_segments_share_one_launch(name, ptx_compile, torch_kernels)
     fn, make = GROUPS[name]
     jfn, _ = check_vs_eager(fn, *make(torch.bfloat16))
     (plan,) = _plans(jfn)
-    assert list(plan.groups) == [0] and plan.apart == {}
+    assert list(plan.groups) == [0] and plan.decision.apart == {}
     group = plan.groups[0]
-    assert len(group.parts) == len(plan.segments)
+    assert len(group.parts) == len(plan.decision.segments)
     ptx = ptx_text(segment_kernel.compile_group(group.parts, None))
     assert ptx.count(".entry") == 1
     one = sum(ptx_text(segment_kernel.compile_program(p.prog, p.geo, None)).count("st.global") for p in group.parts)
@@ -1089,10 +1089,10 @@ def test_an_optimizer_steps_updates_run_apart_and_share_launches(ptx_compile, to
 
     jfn, _ = check_vs_eager(_foreach_adamw, *make())
     (plan,) = _plans(jfn)
-    assert len(plan.segments) == 2 * len(shapes)  # each parameter's counter and its update
-    assert all(len(seg.written_roots) <= 3 for seg in plan.segments)
+    assert len(plan.decision.segments) == 2 * len(shapes)  # each parameter's counter and its update
+    assert all(len(seg.written_roots) <= 3 for seg in plan.decision.segments)
     groups = [g for g in plan.groups.values() if g is not None]
-    assert plan.apart == {} and sum(len(g.parts) for g in groups) == len(plan.segments)
+    assert plan.decision.apart == {} and sum(len(g.parts) for g in groups) == len(plan.decision.segments)
     for g in groups:
         ptx = ptx_text(segment_kernel.compile_group(g.parts, None))
         assert ptx.count(".entry") == 1
@@ -1106,7 +1106,7 @@ def test_a_group_that_cannot_share_a_launch_runs_apart_and_explain_says_why(torc
     monkeypatch.setattr(segment_kernel, "LaunchGroup", None)  # building the group fails
     jfn, _ = check_vs_eager(rope, _r(1, 4, 8, 16), _r(1, 2, 8, 16), _r(8, 16), _r(8, 16))
     (plan,) = _plans(jfn)
-    assert plan.groups == {0: None} and "TypeError" in plan.apart[0]
+    assert plan.groups == {0: None} and "TypeError" in plan.decision.apart[0]
     assert "the segments sharing a launch with segment 0 launch apart: TypeError" in explain(jfn)
 
 

@@ -38,8 +38,8 @@ def _models(name: str, device: str, dtype: torch.dtype):
 
 
 def _fallbacks(jfn) -> list:
-    return [(p.region.name, i, r) for trace in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1])
-            for p in plans(trace) for i, r in p.fallbacks.items()]
+    return [(p.decision.region.name, i, r) for trace in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1])
+            for p in plans(trace) for i, r in p.decision.fallbacks.items()]
 
 
 def _step_matches_eager(name: str, device: str, dtype: torch.dtype, executors, tol: float, batch_size: int = 2,

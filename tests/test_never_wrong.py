@@ -420,7 +420,7 @@ def _segments_on_kernels(jfn) -> list:
     regions that no kernel ran: [] where kernels ran them all."""
     from tests.helpers import plans
 
-    return [(i, r) for p in plans(thunder.last_traces(jfn)[-1]) for i, r in p.fallbacks.items()]
+    return [(i, r) for p in plans(thunder.last_traces(jfn)[-1]) for i, r in p.decision.fallbacks.items()]
 
 
 @pytest.mark.parametrize("name", INDEX64_PROGRAMS)

@@ -137,7 +137,7 @@ def _causal_mask(pos):
 def test_a_write_into_a_regions_own_temporary_runs_on_kernels(monkeypatch):
     monkeypatch.setenv("THUNDER_FUSER_KERNELS", "torch")
     jfn, _ = check_vs_eager(_causal_mask, torch.arange(5, 12))
-    assert all(not p.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))
+    assert all(not p.decision.fallbacks for p in plans(thunder.last_traces(jfn)[-1]))
 
 
 def _written_after_viewed(x):

@@ -13,7 +13,7 @@ from thunder_fuser import fuser_ex
 
 def _forward_outputs(jfn) -> list:
     (plan,) = plans(thunder.last_traces(jfn)[-1])
-    return [(tuple(v.shape), v.dtype) for v in plan.region.outputs]
+    return [(tuple(v.shape), v.dtype) for v in plan.decision.region.outputs]
 
 
 def _tanh_gelu(x, w):

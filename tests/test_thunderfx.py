@@ -36,7 +36,7 @@ def _assert_ours_ran_every_piece(backend) -> None:
         forward = thunder.last_traces(f)[-1]
         assert plans(forward), f"no region of ours in a piece thunder ran:\n{forward}"
         for trace in (forward, *thunder.last_backward_traces(f)[-1:]):
-            assert all(not p.fallbacks for p in plans(trace)), [p.fallbacks for p in plans(trace)]
+            assert all(not p.decision.fallbacks for p in plans(trace)), [p.decision.fallbacks for p in plans(trace)]
 
 
 @pytest.mark.parametrize("name", ["Llama-3.2-1B", "hf-Qwen2"])

@@ -1,6 +1,7 @@
 """``explain(jfn)``: per region and per segment, what runs where and why neighbours split.
-It reads the regions' segments and each plan's record of its decisions (kinds, fallbacks,
-layouts, launches apart, the notes each kernel gave when it was prepared), never a kernel."""
+It reads the regions' segments and each plan's ``Decision`` (``plan/decision.py``: kinds,
+fallbacks, layouts, launches apart, the notes each kernel gave when it was prepared), data
+only, never a kernel."""
 
 from __future__ import annotations
 
@@ -49,19 +50,19 @@ def explain(jfn) -> str:
                     lines.append(f"  segment {seg.index} split from segment {seg.split_from.index}: {seg.split_text()}")
                 else:  # it launched nothing and was dropped
                     lines.append(f"  segment {seg.index} split from a segment since dropped: {seg.split_text()}")
-            for key, plan in runner.plans.items():
-                changed = {i: k for i, k in plan.kinds.items() if k != runner.segments[i].kind}
+            for key, decision in ((key, plan.decision) for key, plan in runner.plans.items()):
+                changed = {i: k for i, k in decision.kinds.items() if k != runner.segments[i].kind}
                 if changed:
                     lines.append(f"  for input strides {key}: " + ", ".join(
-                        f"segment {i} runs as {k}" + (f" ({plan.fallbacks[i]})" if i in plan.fallbacks else "")
+                        f"segment {i} runs as {k}" + (f" ({decision.fallbacks[i]})" if i in decision.fallbacks else "")
                         for i, k in changed.items()
                     ))
-                for note in plan.layout_notes:
+                for note in decision.layout_notes:
                     lines.append(f"  for input strides {key}: {note}")
-                for i, notes in sorted(plan.kernel_notes.items()):
+                for i, notes in sorted(decision.kernel_notes.items()):
                     for note in notes:
                         lines.append(f"  for input strides {key}: segment {i} {note}")
-                for first, why in plan.apart.items():
+                for first, why in decision.apart.items():
                     lines.append(f"  for input strides {key}: the segments sharing a launch with segment {first} launch apart: {why}")
             lines.extend("  " + l for l in segment_lines(runner.segments))
     return "\n".join(lines)

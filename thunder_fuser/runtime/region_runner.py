@@ -18,7 +18,8 @@ from thunder_fuser.patches.compile_gc import held
 from thunder_fuser.ir.region import Region
 from thunder_fuser.backends.reference import run_nodes
 from thunder_fuser.runtime import donation
-from thunder_fuser.plan.plan import Plan, build_plan, plain_tensors, spec_key
+from thunder_fuser.plan.decision import decide
+from thunder_fuser.runtime.plan import Plan, plain_tensors, spec_key
 from thunder_fuser.runtime.straight_line import straight_line
 from thunder_fuser.segment import Segment
 from thunder_fuser import config
@@ -48,7 +49,7 @@ class RegionRunner:
         key = spec_key(args)
         plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[key] = build_plan(self.region, self.segments, args)
+            plan = self.plans[key] = Plan(decide(self.region, self.segments, args))
             self._bound_plans()
         else:
             self.plans.move_to_end(key)

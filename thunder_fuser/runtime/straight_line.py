@@ -32,7 +32,7 @@ from thunder_fuser.ir.region import Value
 from thunder_fuser.ir.torch_impls import REFERENCE_IMPLS
 from thunder_fuser.layout import strides_for_order
 from thunder_fuser.runtime.donation import donated, donating
-from thunder_fuser.plan.plan import PLAIN_TENSOR_TYPES, conform_output
+from thunder_fuser.runtime.plan import PLAIN_TENSOR_TYPES, conform_output
 
 
 def _direct_view(n) -> bool:
@@ -167,7 +167,8 @@ def straight_line(plan, key: tuple, run=None):
     except _Unfit:
         return None
     except Exception as e:  # noqa: BLE001 - a writer bug must not fail the call
-        warnings.warn(f"{plan.region.name}: no straight-line code ({type(e).__name__}: {e})", StraightLineWarning)
+        warnings.warn(f"{plan.decision.region.name}: no straight-line code ({type(e).__name__}: {e})",
+                      StraightLineWarning)
         return None
 
 
@@ -281,8 +282,8 @@ class _Writer:
 
     def function(self):
         plan = self.plan
-        region = plan.region
-        if plan.error is not None:
+        region = plan.decision.region
+        if plan.decision.error is not None:
             raise _Unfit("the plan raises")
         if plan.laid_out:
             raise _Unfit("a kernel that failed to compile left its layout to the reference backend")
@@ -305,7 +306,7 @@ class _Writer:
             for v, key_part in zip(region.inputs, self.key) if key_part is not None
         ]
         if region.grad_enabled:  # the general path raises for a leaf that requires grad
-            guards += [f"a{i}.requires_grad" for i in plan.written_inputs]
+            guards += [f"a{i}.requires_grad" for i in plan.decision.written_inputs]
         self.donors = self.dead_inputs_read_by_one_segment()
         for step, frees in plan.step_frees:
             self.step(step)
@@ -408,9 +409,9 @@ class _Writer:
             if k is None:
                 self.reference(seg.nodes)
                 for v in seg.outputs:  # a value an output views, in the plan's layout (``Plan.viewed``)
-                    if id(v) in plan.viewed and self.name(id(v)) is not None:
+                    if id(v) in plan.decision.viewed and self.name(id(v)) is not None:
                         name = self.name(id(v))
-                        self.body.append(_Torch(f"{name} = conform({name}, {plan.viewed[id(v)]})"))
+                        self.body.append(_Torch(f"{name} = conform({name}, {plan.decision.viewed[id(v)]})"))
             else:
                 self.kernel(k, seg.index)
 
@@ -427,7 +428,7 @@ class _Writer:
         (``Region.dead_inputs``) that nothing else of the region reads, directly or through
         views, and that no output is or views: an output of that segment's kernel may be
         written over them (``donor_for``)."""
-        region = self.plan.region
+        region = self.plan.decision.region
         if not region.dead_inputs or segment_kernel.FILL_NAN or not donating():
             return {}
         segment_of = {id(n): seg.index for step, _ in self.plan.step_frees for seg in step for n in seg.nodes}

@@ -8,7 +8,7 @@ a merge walked apart (``NeedsUnmerge``), two programs split at its reductions
 rows' order first (``NeedsTranspose``). ``legalize`` applies each verdict's rewrite and lays
 out the programs it makes, in order, until each has a layout: those are the segment's
 launches (``Part``). A program no rewrite helps raises ``Unsupported``; the segment then
-runs on the reference backend (``plan/plan.py`` says why).
+runs on the reference backend (``runtime/plan.py`` records why).
 """
 
 from __future__ import annotations

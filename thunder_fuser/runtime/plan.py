@@ -1,9 +1,11 @@
-"""A region's plan for one input specialization: layouts, segment kinds, and how to run.
+"""A decided plan carried out (``plan/decision.py``): its kernels prepared and compiled at
+the first call, its steps run, a segment no kernel takes run on the reference backend.
 
-thunder's prologue checks no strides, so one cached trace meets new layouts at run time.
-The runner keys plans by the input strides (one tuple per tensor: no loops over
-elements, no dlpack); a plan holds the layout the rule infers for that key, so a new
-layout gets a new plan, never a wrong answer.
+The decision is data; this holds what running it needs beside: each segment's kernel (or
+None), each shared launch, the kernels whose outputs a fallback must still lay out, and
+whether the first call is over (after it, kernels are waited for, not queued for workers).
+What the first call decides (a fallback, a kernel's notes, a launch refused) it records in
+the decision, for ``explain``.
 """
 
 from __future__ import annotations
@@ -17,18 +19,9 @@ from thunder_fuser.backends.cute import compile_workers
 from thunder_fuser.backends.cute.backend import KERNEL_KINDS, _device_of, kernel_mode, warn_fallback
 from thunder_fuser.backends.cute.segment_kernel import SegmentKernel, launch_group
 from thunder_fuser.backends.cute.unsupported import Unsupported
-from thunder_fuser.functionalize import storage_roots
-from thunder_fuser.inspect import debug
 from thunder_fuser.ir.ops import METADATA
-from thunder_fuser.ir.region import Region
-from thunder_fuser.layout import dim_provenance, infer_allocation_orders, stride_order, strides_for_order
-from thunder_fuser.layout.attention_operands import lay_out_for_attention
-from thunder_fuser.layout.matmul_operands import lay_out_for_matmuls
-from thunder_fuser.plan.stored_views import with_stored_views
-from thunder_fuser.segment import Segment, schedule_segments
-from thunder_fuser.segment.schedule import Schedule
-from thunder_fuser.segment.transpose import transpose_segments
-from thunder_fuser.segment.views import fresh_values
+from thunder_fuser.plan.decision import Decision
+from thunder_fuser.segment import Segment
 
 _UNSET = object()
 
@@ -61,63 +54,32 @@ def reference_bytes(seg: Segment) -> int:
                if v.is_tensor and id(v) not in outs and isinstance(v.dtype, torch.dtype))
 
 
-_OVERLAP_MSG = (
-    "unsupported operation: more than one element of the written-to tensor refers to a single memory "
-    "location. Please clone() the tensor before performing the operation."
-)
-
-
-def input_layout(region: Region, args) -> tuple[dict[str, tuple[int, ...]], dict[str, frozenset]]:
-    orders, bcast = {}, {}
-    for v, a in zip(region.inputs, args):
-        if isinstance(a, torch.Tensor):
-            st = a.stride()
-            orders[v.name] = stride_order(a.shape, st)
-            bcast[v.name] = frozenset(d for d in range(a.ndim) if st[d] == 0 and a.shape[d] != 1)
-    return orders, bcast
-
-
 @dataclass
 class Plan:
-    region: Region
-    segments: list[Segment]
-    orders: dict[int, tuple[int, ...]]
-    kinds: dict[int, str]
-    schedule: Schedule  # computed once per plan, not per call
-    error: str | None = None
-    out_strides: list = field(default_factory=list)
-    written_inputs: tuple[int, ...] = ()  # inputs written in place, directly or through views
-    directly_written: tuple[int, ...] = ()  # those written as themselves
+    decision: Decision
     kernels: dict = field(default_factory=dict)  # segment index -> SegmentKernel, or None: reference
-    kernel_notes: dict = field(default_factory=dict)  # segment index -> how its kernel departs from the templates
     groups: dict = field(default_factory=dict)  # first segment index of a step -> LaunchGroup, or None
-    apart: dict = field(default_factory=dict)  # first segment index of a step -> why it launches apart
-    fallbacks: dict = field(default_factory=dict)  # segment index -> why no kernel runs it (for explain)
-    layout_notes: list = field(default_factory=list)  # where matmul readers changed a layout (for explain)
     # segment index -> its kernel, where the kernel failed to compile after later kernels
     # were laid out against its outputs: the reference backend's outputs are put in its layout
     laid_out: dict = field(default_factory=dict)
     called: bool = False  # after the first call: kernels are no longer queued for workers but waited for
-    # value id -> strides: fresh values a region output views (``viewed_roots``); where torch
-    # computes one (a segment on the reference backend), it is copied into the plan's layout
-    viewed: dict = field(default_factory=dict)
 
     def _kernel_for(self, seg: Segment, env, compile_now: bool = True):
         """Build the segment's kernel at the plan's first call, when every tensor it reads
         exists; a segment no template can run is recorded as ``reference``."""
         k = None
-        mode = kernel_mode(env, self.region)
+        mode = kernel_mode(env, self.decision.region)
         if mode is not None and seg.kind in KERNEL_KINDS:
             k = self._or_reference(seg, mode, lambda: self._prepared(seg, mode, env, compile_now))
         self.kernels[seg.index] = k
         return k
 
     def _prepared(self, seg: Segment, mode: str, env, compile_now: bool) -> SegmentKernel:
-        k = SegmentKernel(seg, self.orders, mode)
-        device = _device_of(env, self.region)
+        k = SegmentKernel(seg, self.decision.orders, mode)
+        device = _device_of(env, self.decision.region)
         k.prepare(env, device, compile_now, defer=self._may_defer([seg], device))
         if notes := k.notes():
-            self.kernel_notes[seg.index] = notes
+            self.decision.kernel_notes[seg.index] = notes
         return k
 
     def _may_defer(self, segs: list, device) -> bool:
@@ -155,14 +117,14 @@ class Plan:
         try:
             return build()
         except Exception as e:  # noqa: BLE001 - any failure must fall back, never fail the call
-            self.kinds[seg.index] = "reference"
+            self.decision.kinds[seg.index] = "reference"
             self.kernels[seg.index] = None
-            self.kernel_notes.pop(seg.index, None)
+            self.decision.kernel_notes.pop(seg.index, None)
             reason = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {str(e)[:300]}"
-            self.fallbacks[seg.index] = reason
+            self.decision.fallbacks[seg.index] = reason
             bug = not isinstance(e, Unsupported)
             if mode == "cute" or bug:
-                warn_fallback(self.region.name, seg, reason, bug)
+                warn_fallback(self.decision.region.name, seg, reason, bug)
             return None
 
     def _group_for(self, step: list, env):
@@ -170,10 +132,10 @@ class Plan:
         made, so all can be built now, their own launches not compiled yet) as one launch, or
         None (the reason kept for explain)."""
         ks = [self.kernels[s.index] if s.index in self.kernels else self._kernel_for(s, env, False) for s in step]
-        g, why = launch_group(ks, defer=self._may_defer(step, _device_of(env, self.region)))
+        g, why = launch_group(ks, defer=self._may_defer(step, _device_of(env, self.decision.region)))
         self.groups[step[0].index] = g
         if g is None:
-            self.apart[step[0].index] = why
+            self.decision.apart[step[0].index] = why
             self._compile_alone(step)
         return g
 
@@ -191,7 +153,7 @@ class Plan:
                 g.compile()
             except Exception as e:  # noqa: BLE001 - the members still run, one launch each
                 self.groups[step[0].index] = None
-                self.apart[step[0].index] = f"{type(e).__name__}: {str(e)[:300]}"
+                self.decision.apart[step[0].index] = f"{type(e).__name__}: {str(e)[:300]}"
                 self._compile_alone(step)
                 return False
         if g.run(env):
@@ -207,15 +169,16 @@ class Plan:
                 self._built(seg, k, defer=self._may_defer([seg], k.device))
 
     def run(self, args):
-        if self.error is not None:
-            raise RuntimeError(self.error)
-        region = self.region
-        if region.grad_enabled and self.written_inputs:
-            for i in self.written_inputs:
+        d = self.decision
+        if d.error is not None:
+            raise RuntimeError(d.error)
+        region = d.region
+        if region.grad_enabled and d.written_inputs:
+            for i in d.written_inputs:
                 a = args[i]
                 if a.requires_grad and a.is_leaf:
                     raise RuntimeError(
-                        f"a {'' if i in self.directly_written else 'view of a '}leaf Variable that requires grad is being"
+                        f"a {'' if i in d.directly_written else 'view of a '}leaf Variable that requires grad is being"
                         " used in an in-place operation "
                         f"(in-place write into '{region.inputs[i].name}' in {region.name})"
                     )
@@ -235,22 +198,24 @@ class Plan:
                         k = k or self.laid_out.get(seg.index)
                         if k is not None:
                             k.conform(env)
-                        elif self.viewed:
+                        elif d.viewed:
                             for v in seg.outputs:
-                                if id(v) in self.viewed:
-                                    env[id(v)] = conform_output(env[id(v)], self.viewed[id(v)])
+                                if id(v) in d.viewed:
+                                    env[id(v)] = conform_output(env[id(v)], d.viewed[id(v)])
             for vid in frees:
                 env.pop(vid, None)
         self.called = True
-        return [env[oid] if strides is None else conform_output(env[oid], strides) for oid, strides in self.output_recipe]
+        return [env[oid] if strides is None else conform_output(env[oid], strides)
+                for oid, strides in self.output_recipe]
 
     def __post_init__(self):
-        self.input_ids = tuple(id(v) for v in self.region.inputs)
-        self.output_recipe = tuple((id(o), s) for o, s in zip(self.region.outputs, self.out_strides))
+        self.input_ids = tuple(id(v) for v in self.decision.region.inputs)
+        self.output_recipe = tuple((id(o), s) for o, s in zip(self.decision.region.outputs, self.decision.out_strides))
         # per step: its segments, and the ids of the values no later step reads
-        free_after = self.schedule.free_after
+        free_after = self.decision.schedule.free_after
         self.step_frees = tuple(
-            (step, tuple(id(v) for seg in step for v in free_after.get(seg.index, ()))) for step in self.schedule.steps
+            (step, tuple(id(v) for seg in step for v in free_after.get(seg.index, ())))
+            for step in self.decision.schedule.steps
         )
 
 
@@ -261,69 +226,6 @@ def conform_output(t, strides):
         out.copy_(t)
         return out
     return t
-
-
-def build_plan(region: Region, segments: list[Segment], args) -> Plan:
-    in_orders, in_bcast = input_layout(region, args)
-    prov = dim_provenance(region, in_bcast)
-    strides = {v.name: tuple(a.stride()) for v, a in zip(region.inputs, args) if isinstance(a, torch.Tensor)}
-    orders = infer_allocation_orders(region, in_orders, in_bcast, prov, strides)
-    fresh = fresh_values(region, segments)
-    notes = lay_out_for_attention(region, orders, fresh) + lay_out_for_matmuls(region, orders, fresh)
-    if kernel_mode({id(v): a for v, a in zip(region.inputs, args)}, region) is not None:
-        segments, stored = with_stored_views(region, segments, args, orders)
-        if stored:  # the stored views are allocated now too: lay them out for their matmul
-            now = fresh_values(region, segments)
-            notes += stored + lay_out_for_matmuls(region, orders, now - fresh)
-            fresh = now
-    kinds = {s.index: s.kind for s in segments}
-    for i in transpose_segments(segments, region, orders, prov):
-        kinds[i] = "transpose"
-    error = None
-    written = {id(n.written) for n in region.writes()}
-    for v, a in zip(region.inputs, args):
-        if id(v) in written and isinstance(a, torch.Tensor) and torch._debug_has_internal_overlap(a) == 1:
-            error = f"{_OVERLAP_MSG} (in-place write into '{v.name}' in {region.name})"
-    out_strides = [
-        strides_for_order(o.shape, orders[id(o)]) if id(o) in fresh and o.is_tensor and id(o) in orders else None
-        for o in region.outputs
-    ]
-    roots = storage_roots(region)
-    viewed = viewed_roots(region, roots, fresh, orders)
-    # an input written through a view of it is written too: torch refuses both for a leaf that
-    # requires grad (the gradient would be lost)
-    written_roots = {id(roots.get(id(n.written), n.written)) for n in region.writes()}
-    written |= {id(roots.get(id(v), v)) for v in region.self_copies}
-    written_inputs = tuple(i for i, v in enumerate(region.inputs) if id(v) in written or id(v) in written_roots)
-    directly_written = tuple(i for i, v in enumerate(region.inputs) if id(v) in written)
-    debug.dump("layout", lambda: _layout_text(region, in_orders, orders, kinds))
-    return Plan(region, segments, orders, kinds, schedule_segments(region, segments), error, out_strides, written_inputs,
-                layout_notes=notes, directly_written=directly_written, viewed=viewed)
-
-
-def viewed_roots(region: Region, roots: dict, fresh: set, orders: dict) -> dict:
-    """Value id -> strides of each fresh value a region output is a view of: its layout is
-    the output's, so it must be the plan's whoever computes it. A kernel allocates it so; a
-    segment torch runs (the reference backend) gets torch's layout for the ops it runs (a
-    log_softmax over dim 0 of a permuted fp64 input came out permuted where eager's is
-    contiguous), and is copied into the plan's."""
-    viewed = {}
-    for o in region.outputs:
-        r = roots.get(id(o))
-        if r is not None and r is not o and r.is_tensor and id(r) in fresh and id(r) in orders:
-            viewed[id(r)] = strides_for_order(r.shape, orders[id(r)])
-    return viewed
-
-
-def _layout_text(region, in_orders, orders, kinds) -> str:
-    lines = [f"{region.name}: inputs " + ", ".join(f"{n} order {o}" for n, o in in_orders.items())]
-    for o in region.outputs:
-        if id(o) in orders:
-            why = f" (read by a {region.matmul_reads[o.name]} matmul)" if o.name in region.matmul_reads else ""
-            why += " (read by attention)" if o.name in region.attention_reads else ""
-            lines.append(f"  output {o.name} {tuple(o.shape)} allocation order {orders[id(o)]}{why}")
-    lines.append("  segment kinds: " + ", ".join(f"{i}={k}" for i, k in kinds.items()))
-    return "\n".join(lines)
 
 
 # the tensors a plan runs: torch's own (a Parameter's ops return plain tensors). Any other
