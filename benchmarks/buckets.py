@@ -51,36 +51,23 @@ def _plans() -> int:
     return sum(len(o.plans) for o in gc.get_objects() if issubclass(type(o), RegionRunner))
 
 
-def _timed(step, batch) -> float:
-    """One step's milliseconds (CUDA events on the GPU, else the host's clock)."""
-    if torch.cuda.is_available():
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        step(*batch)
-        e.record()
-        torch.cuda.synchronize()
-        return s.elapsed_time(e)
-    t0 = time.perf_counter()
-    step(*batch)
-    return (time.perf_counter() - t0) * 1000
-
-
-def bucketed(step, fn, batches: dict, fixed_steps: int = FIXED_STEPS, rounds: int = ROUNDS) -> dict:
-    """``step(idx, targets)`` over ``batches`` (length -> batch): each length's first step
-    and its steps alone, then ``rounds`` turns over the lengths; ``fn``: what
-    ``built_so_far`` asks thunder about."""
+def bucketed(time_steps, fn, batches: dict, fixed_steps: int = FIXED_STEPS, rounds: int = ROUNDS) -> dict:
+    """Steps over ``batches`` (length -> batch), timed by ``time_steps(idx, targets, n)``
+    (milliseconds per step, ``zoo.Trainer.time_steps``): each length's first step and its
+    steps alone, then ``rounds`` turns over the lengths; ``fn``: what ``built_so_far``
+    asks thunder about."""
     out: dict = {"lengths": {}}
     for length, b in batches.items():
         t0 = time.perf_counter()
-        _timed(step, b)
+        time_steps(*b, 1)
         first_s = time.perf_counter() - t0
-        fixed = [_timed(step, b) for _ in range(fixed_steps)]
+        fixed = time_steps(*b, fixed_steps)
         out["lengths"][str(length)] = {"first_s": round(first_s, 2), "fixed_ms": round(statistics.median(fixed), 3)}
     before = built_so_far(fn)
     turns: dict = {length: [] for length in batches}
     for _ in range(rounds):
         for length, b in batches.items():
-            turns[length].append(_timed(step, b))
+            turns[length] += time_steps(*b, 1)
     after = built_so_far(fn)
     for length, ts in turns.items():
         row = out["lengths"][str(length)]

@@ -290,7 +290,7 @@ def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, time
             # its steps alone in the process, against its steps in turns with the others
             res["step_ms_alone"] = round(statistics.median(trainer.time_steps(idx, targets, ALONE_STEPS)), 3)
             if buckets:
-                res["buckets"] = bucketed(trainer.step, trainer.fn,
+                res["buckets"] = bucketed(trainer.time_steps, trainer.fn,
                                           {n: batch(built, idx.shape[0], n, device=idx.device) for n in buckets})
         if torch.cuda.is_available():
             gc.collect()
@@ -431,6 +431,11 @@ def bucket_table(results: list) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def report(results: list) -> str:
+    """What a run prints last: the table, the bucketed lengths' (where run), the geometric mean."""
+    return "\n".join(x for x in (table(results), bucket_table(results), geometric_mean_line(results)) if x)
+
+
 def geometric_mean_line(results: list) -> str:
     """thunder + fuser's (and with the optimizer's step through us) step against
     torch.compile's, as a geometric mean over the models where both ran."""
@@ -473,10 +478,7 @@ def main(argv=None) -> None:
         results.append(r)
         with open(os.path.join(a.out, f"zoo-{name}.json"), "w") as f:
             json.dump(r, f, indent=1)
-    print(table(results))
-    if bucket_table(results):
-        print(bucket_table(results))
-    print(geometric_mean_line(results))
+    print(report(results))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
                 print(f"[gpu {gpu}] {name} exited {proc.returncode}", flush=True)
                 del running[gpu]
         time.sleep(1)
-    from benchmarks.zoo import bucket_table, geometric_mean_line, table
+    from benchmarks.zoo import report
 
     results = []
     for name in a.models.split(","):
@@ -57,10 +57,7 @@ def main(argv=None) -> int:
         if codes.get(name) == 0 and os.path.exists(path):
             with open(path) as f:
                 results.append(json.load(f))
-    print(table(results))
-    if bucket_table(results):
-        print(bucket_table(results))
-    print(geometric_mean_line(results))
+    print(report(results))
     failed = [n for n, c in codes.items() if c != 0]
     if failed:
         print("failed (see their logs):", ", ".join(failed))
