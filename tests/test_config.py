@@ -47,3 +47,13 @@ def test_a_bad_number_names_the_setting(monkeypatch):
     monkeypatch.setenv("THUNDER_FUSER_MAX_PLANS", "many")
     with pytest.raises(ValueError, match="THUNDER_FUSER_MAX_PLANS='many': expected a whole number"):
         config.integer("THUNDER_FUSER_MAX_PLANS")
+
+
+def test_every_patch_is_a_choice_of_its_setting_and_each_took():
+    """``THUNDER_FUSER_PATCHES`` names every patch ``patches/`` has, and on this thunder each one
+    applies (a patch that finds thunder changed says False and leaves it)."""
+    from thunder_fuser.patches import PATCHES, apply_patches
+
+    choices = set(config._declared("THUNDER_FUSER_PATCHES").choices) - {"all", "none"}
+    assert choices == set(PATCHES)
+    assert apply_patches() == dict.fromkeys(PATCHES, True)

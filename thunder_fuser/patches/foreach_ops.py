@@ -84,15 +84,18 @@ def _thunder_op(name: str):
     return getattr(ltorch, name)
 
 
+_MAPPED: list = []  # the ops mapped so far (a second import maps nothing again)
+
+
 def register_foreach_ops() -> list:
-    """Map every ``torch._foreach_*`` op torch has of the families above; the ones mapped."""
+    """Map every ``torch._foreach_*`` op torch has of the families above; the ones mapped,
+    by this call or an earlier one."""
     from thunder.core import jit_ext
     from thunder.core.proxies import TensorProxy
     from thunder.torch import _torch_to_thunder_function_map
 
     global _TENSORS
     _TENSORS = (torch.Tensor, TensorProxy)
-    mapped = []
     for op in _BINARY + _TERNARY + _UNARY:
         for in_place in (False, True):
             torch_fn = getattr(torch, f"_foreach_{op}{'_' if in_place else ''}", None)
@@ -102,5 +105,5 @@ def register_foreach_ops() -> list:
             jit_ext._general_jit_lookaside_map[torch_fn] = jit_ext.ensure_recursive_proxies(
                 jit_ext.interpreter_needs_wrap(on_proxies))
             _torch_to_thunder_function_map[torch_fn] = on_proxies
-            mapped.append(torch_fn.__name__)
-    return mapped
+            _MAPPED.append(torch_fn.__name__)
+    return list(_MAPPED)
