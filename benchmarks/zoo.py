@@ -178,7 +178,7 @@ KINDS = (
 # names is reported as unexplained (a copy or an elementwise op is one of ours to take)
 LEFT_OUTSIDE = (
     (("sum_and_scatter", "compute_grad_weight", "radix_sort", "unique_by_key", "krn_partial", "DeviceScan",
-      "vectorized_gather", "DeviceRadixSort"),
+      "vectorized_gather", "DeviceRadixSort", "compute_num_of_partial_segments"),
      "the embedding's backward (aten.embedding_backward): rows summed by token id, sorted first; no kernel "
      "family of ours scatters"),
     (("Memset",), "a driver memset (cuBLAS's and cuDNN's workspaces, the embedding backward's counts)"),
