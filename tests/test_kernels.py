@@ -16,6 +16,7 @@ from benchmarks.workloads import (
     GELU_SCALARS, adam_step, gelu_bias, gelu_bias_backward, layernorm, rmsnorm, rope, rotate_half_residual, softmax,
 )
 from helpers import (
+    _qkv_gradient_cat,
     assert_every_segment_ran_a_kernel,
     assert_every_segment_ran_a_kernel_forward,
     compile_planned_kernels_to_ptx,
@@ -267,10 +268,37 @@ def test_pieces_shifted_along_two_dims_or_twice_along_one(torch_kernels, name):
     assert [kind for kind, _ in _kernels(jfn)] == ["resize"] and all(k for _, k in _kernels(jfn))
 
 
-def test_a_reshape_that_cuts_a_cat_dim_runs_on_the_reference_backend(torch_kernels):
-    """Splitting the cat dim would put pieces on both sides of a new dim: no template."""
-    jfn, _ = check_vs_eager(lambda a, b: torch.cat((a, b), -1).reshape(4, 2, 48) + 1, _r(4, 32), _r(4, 64))
+def test_a_reshape_that_cuts_a_cat_dim_is_stored_through_and_never_computed_with(torch_kernels):
+    """Splitting the cat dim puts pieces on both sides of a new dim: no template reads such a
+    value beside a tensor of its own layout (the segment runs on the reference backend),
+    but an op with numbers only is computed over the cat's shape and stored through the
+    reshape, as the cat itself."""
+    def cat_cut(a, b):
+        return torch.cat((a, b), -1).reshape(4, 2, 48)
+
+    jfn, _ = check_vs_eager(lambda a, b, c: cat_cut(a, b) + c, _r(4, 32), _r(4, 64), _r(4, 2, 48))
     assert ("reference", None) in _kernels(jfn)
+    jfn, _ = check_vs_eager(lambda a, b: cat_cut(a, b) + 1, _r(4, 32), _r(4, 64))
+    assert [kind for kind, _ in _kernels(jfn)] == ["resize"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cast_of_transposed_pieces_concatenated_first_is_computed_before_the_merge(torch_kernels, dtype):
+    """The q, k, v gradients joined into the fused projection's (concatenated along h first,
+    then merged: ``ir/cat_before_reshape.py``), cast to fp32 and summed for the projection's
+    bias, the joined gradient also read by the weight's matmul (phi-2's attention backward
+    through ThunderFX, bf16). The cast of the merged value once fell back to torch in every
+    layer (0.9 ms of copies per phi-2 step on the H200); a pointwise op over such a value,
+    with numbers or 0-d tensors beside it, is computed over the shape before the merge and
+    stored through it, as the cat itself."""
+    def fn(dq, dk, dv, x, w, scale):
+        g = _qkv_gradient_cat(dq, dk, dv)
+        return (g.float() * scale + 1.0).sum(0).to(dq.dtype), g.t() @ x, g @ w
+
+    jfn, _ = check_vs_eager(fn, *(t.to(dtype) for t in (_r(2, 4, 16, 64), _r(2, 4, 64, 16), _r(2, 4, 16, 64), _r(32, 8), _r(768, 8))),
+                            torch.tensor(0.5))
+    kernels = _kernels(jfn)
+    assert kernels and all(kind != "reference" for kind, _ in kernels), kernels
 
 
 def test_transposed_pieces_of_different_inner_extents_are_not_concatenated_first(torch_kernels):
@@ -582,6 +610,10 @@ FAMILIES = {
     ),
     "resize, pad of H and W (a select along an outer dim and one along the vector dim)": _two_level("pad of H and W (NCHW)"),
     "resize, pad of a cat (nested selects along one dim)": _two_level("pad of a cat"),
+    "resize, q/k/v gradients concatenated first and cast before the merge (bf16)": (
+        lambda dq, dk, dv: _qkv_gradient_cat(dq, dk, dv).float() * 0.5,
+        lambda: tuple(_r(*s, dtype=torch.bfloat16) for s in ((2, 4, 16, 64), (2, 4, 64, 16), (2, 4, 16, 64)))
+    ),
     "normalization over a causal iota mask (int64 iotas computed from indices, bool logic and stores; bf16)": (
         CREATION_CASES["causal mask from arange (softmax; the mask and its negation returned)"][0],
         lambda: (_r(2, 4, 100, 100, dtype=torch.bfloat16),),

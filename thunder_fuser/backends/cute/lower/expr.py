@@ -728,6 +728,43 @@ class _Lowering:
             raise Unsupported(f"{v.name}, a reshape that merges a cat/pad dim, is computed with")
         return e
 
+    def pointwise_before_merge(self, node: Node) -> Reshaped | None:
+        """A pointwise op over a reshape that merges a cat/pad dim (``Reshaped``), computed
+        over the shape before the reshape and stored through it as the cat/pad itself: a
+        reshape only renumbers the elements, and an elementwise op commutes with that, when
+        every other operand is a number, a 0-d tensor (broadcast to that shape instead), or
+        a reshape alike (same shapes before and after). None when no operand is such a
+        reshape; ``Unsupported`` when another operand is a tensor of its own layout."""
+        out = node.outputs[0]
+        args = node.args[:1] if node.op == "convert_element_type" else node.args
+        values = [self.value(a) for a in args]
+        shapes = {v.shape for v in values if isinstance(v, Reshaped)}
+        if not shapes:
+            return None
+        merged = next(a for a, v in zip(args, values) if isinstance(v, Reshaped))
+        if len(shapes) > 1:
+            raise Unsupported(f"{node.op} of reshapes that merge cat/pad dims of different shapes")
+        (shape,) = shapes
+        inner = []
+        for a, v in zip(args, values):
+            if isinstance(v, Reshaped):
+                if tuple(a.shape) != tuple(out.shape):
+                    raise Unsupported(f"{a.name}, a reshape that merges a cat/pad dim, broadcast by {node.op}")
+                inner.append(v.expr)
+            elif _is_number(v):
+                inner.append(v)
+            elif isinstance(a, Value) and a.is_tensor and a.ndim == 0:
+                inner.append(self.view(v, Node("broadcast_in_dim", (a, shape, ()), {},
+                                               (Value(f"{a.name}_b", shape, a.dtype),))))
+            else:
+                raise Unsupported(f"{merged.name}, a reshape that merges a cat/pad dim, is computed with "
+                                  f"{getattr(a, 'name', a)} by {node.op}")
+        if node.op == "where" and _is_number(inner[0]):
+            e = inner[1] if inner[0] else inner[2]
+            return Reshaped(e if _is_number(e) or dtype_of(e) == out.dtype else
+                            Op("convert_element_type", (e,), out.dtype), shape)
+        return Reshaped(Op(node.op, tuple(inner), out.dtype), shape)
+
     def broadcast_scalar(self, a, out: Value):
         """``operand(a)``; a 0-d tensor beside operands of ``out``'s shape (prims take it as a
         number, with no broadcast) is broadcast to that shape first, so that the views pushed
@@ -746,6 +783,9 @@ class _Lowering:
         elif op in _SUPPORTED_POINTWISE:
             if any(isinstance(a, (tuple, list)) for a in node.args):
                 raise Unsupported(f"{op} with sequence arguments")
+            if (before_merge := self.pointwise_before_merge(node)) is not None:
+                self.env[id(out)] = before_merge
+                return
             # convert_element_type's second argument is the dtype: the node's output says it
             args = tuple(self.broadcast_scalar(a, out) for a in (node.args[:1] if op == "convert_element_type" else node.args))
             if all(map(_is_number, args)):
