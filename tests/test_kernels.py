@@ -268,18 +268,23 @@ def test_pieces_shifted_along_two_dims_or_twice_along_one(torch_kernels, name):
     assert [kind for kind, _ in _kernels(jfn)] == ["resize"] and all(k for _, k in _kernels(jfn))
 
 
-def test_a_reshape_that_cuts_a_cat_dim_is_stored_through_and_never_computed_with(torch_kernels):
-    """Splitting the cat dim puts pieces on both sides of a new dim: no template reads such a
-    value beside a tensor of its own layout (the segment runs on the reference backend),
-    but an op with numbers only is computed over the cat's shape and stored through the
-    reshape, as the cat itself."""
+def test_a_reshape_that_cuts_a_cat_dim_is_computed_before_it_where_its_operands_allow(torch_kernels):
+    """Splitting the cat dim puts pieces on both sides of a new dim: an op over such a value
+    is computed over the cat's shape and stored through the reshape, its other operands
+    read through the inverse reshape (numbers, and tensors whose strides allow that view);
+    a tensor whose strides do not (a broadcast or a slice merged with its neighbour) sends
+    the segment to the reference backend, saying why."""
     def cat_cut(a, b):
         return torch.cat((a, b), -1).reshape(4, 2, 48)
 
-    jfn, _ = check_vs_eager(lambda a, b, c: cat_cut(a, b) + c, _r(4, 32), _r(4, 64), _r(4, 2, 48))
-    assert ("reference", None) in _kernels(jfn)
-    jfn, _ = check_vs_eager(lambda a, b: cat_cut(a, b) + 1, _r(4, 32), _r(4, 64))
-    assert [kind for kind, _ in _kernels(jfn)] == ["resize"]
+    for c in (None, _r(4, 2, 48)):
+        args = (_r(4, 32), _r(4, 64)) + ((c,) if c is not None else ())
+        jfn, _ = check_vs_eager(lambda a, b, *c: cat_cut(a, b) + (c[0] if c else 1), *args)
+        assert [kind for kind, _ in _kernels(jfn)] == ["resize"]
+    for c in (_r(4, 1, 48).expand(4, 2, 48), _r(4, 2, 50)[:, :, 1:49]):
+        jfn, _ = check_vs_eager(lambda a, b, c: cat_cut(a, b) + c, _r(4, 32), _r(4, 64), c)
+        assert ("reference", None) in _kernels(jfn)
+        assert "needs a copy at these strides" in explain(jfn), explain(jfn)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

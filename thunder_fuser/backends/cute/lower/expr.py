@@ -732,9 +732,9 @@ class _Lowering:
         """A pointwise op over a reshape that merges a cat/pad dim (``Reshaped``), computed
         over the shape before the reshape and stored through it as the cat/pad itself: a
         reshape only renumbers the elements, and an elementwise op commutes with that, when
-        every other operand is a number, a 0-d tensor (broadcast to that shape instead), or
-        a reshape alike (same shapes before and after). None when no operand is such a
-        reshape; ``Unsupported`` when another operand is a tensor of its own layout."""
+        every other operand is a number, a 0-d tensor (broadcast to that shape instead), a
+        reshape alike (same shapes before and after), or a tensor read through the inverse
+        reshape. None when no operand is such a reshape."""
         out = node.outputs[0]
         args = node.args[:1] if node.op == "convert_element_type" else node.args
         values = [self.value(a) for a in args]
@@ -756,6 +756,11 @@ class _Lowering:
             elif isinstance(a, Value) and a.is_tensor and a.ndim == 0:
                 inner.append(self.view(v, Node("broadcast_in_dim", (a, shape, ()), {},
                                                (Value(f"{a.name}_b", shape, a.dtype),))))
+            elif isinstance(v, Load) and tuple(a.shape) == tuple(out.shape):
+                # a tensor of the result's shape (a bias broadcast over the rows): read through
+                # the inverse reshape, a view its tensor's strides allow or the first call's
+                # geometry refuses (the segment then runs on the reference backend)
+                inner.append(self.view(v, Node("reshape", (a, shape), {}, (Value(f"{a.name}_m", shape, a.dtype),))))
             else:
                 raise Unsupported(f"{merged.name}, a reshape that merges a cat/pad dim, is computed with "
                                   f"{getattr(a, 'name', a)} by {node.op}")
