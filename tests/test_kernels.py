@@ -615,9 +615,9 @@ FAMILIES = {
     ),
     "resize, pad of H and W (a select along an outer dim and one along the vector dim)": _two_level("pad of H and W (NCHW)"),
     "resize, pad of a cat (nested selects along one dim)": _two_level("pad of a cat"),
-    "resize, q/k/v gradients concatenated first and cast before the merge (bf16)": (
-        lambda dq, dk, dv: _qkv_gradient_cat(dq, dk, dv).float() * 0.5,
-        lambda: tuple(_r(*s, dtype=torch.bfloat16) for s in ((2, 4, 16, 64), (2, 4, 64, 16), (2, 4, 16, 64)))
+    "resize, q/k/v gradients concatenated first, cast and scaled by a row before the merge (bf16)": (
+        lambda dq, dk, dv, w: _qkv_gradient_cat(dq, dk, dv).float() * w,
+        lambda: tuple(_r(*s, dtype=torch.bfloat16) for s in ((2, 4, 16, 64), (2, 4, 64, 16), (2, 4, 16, 64), (768,)))
     ),
     "normalization over a causal iota mask (int64 iotas computed from indices, bool logic and stores; bf16)": (
         CREATION_CASES["causal mask from arange (softmax; the mask and its negation returned)"][0],

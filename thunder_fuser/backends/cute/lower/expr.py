@@ -682,6 +682,13 @@ def reads_rows_once(prog: Program) -> bool:
     return bool(taken) and all(id(e) in taken for e in order)
 
 
+def _of_loads(e) -> bool:
+    """Is ``e`` a load, or an op of loads and numbers (no cat/pad select, no reduction)?"""
+    if isinstance(e, Load):
+        return True
+    return isinstance(e, Op) and all(_is_number(a) or _of_loads(a) for a in e.args)
+
+
 def has_reduce(e) -> bool:
     return any(isinstance(x, Reduce) for x in subexpressions([e]))
 
@@ -756,10 +763,10 @@ class _Lowering:
             elif isinstance(a, Value) and a.is_tensor and a.ndim == 0:
                 inner.append(self.view(v, Node("broadcast_in_dim", (a, shape, ()), {},
                                                (Value(f"{a.name}_b", shape, a.dtype),))))
-            elif isinstance(v, Load) and tuple(a.shape) == tuple(out.shape):
-                # a tensor of the result's shape (a bias broadcast over the rows): read through
-                # the inverse reshape, a view its tensor's strides allow or the first call's
-                # geometry refuses (the segment then runs on the reference backend)
+            elif tuple(a.shape) == tuple(out.shape) and _of_loads(v):
+                # a tensor of the result's shape, or an op of such (a bias broadcast over the
+                # rows, cast): read through the inverse reshape, a view its tensors' strides
+                # allow or the first call's geometry refuses (then the reference backend runs it)
                 inner.append(self.view(v, Node("reshape", (a, shape), {}, (Value(f"{a.name}_m", shape, a.dtype),))))
             else:
                 raise Unsupported(f"{merged.name}, a reshape that merges a cat/pad dim, is computed with "
