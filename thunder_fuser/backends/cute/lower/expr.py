@@ -682,6 +682,15 @@ def reads_rows_once(prog: Program) -> bool:
     return bool(taken) and all(id(e) in taken for e in order)
 
 
+def _pointwise(op: str, args: tuple, dtype):
+    """The expression of pointwise ``op`` over ``args``; a ``where`` of a constant condition
+    (a full) is the one branch it picks, converted to ``dtype``."""
+    if op == "where" and _is_number(args[0]):
+        e = args[1] if args[0] else args[2]
+        return e if _is_number(e) or dtype_of(e) == dtype else Op("convert_element_type", (e,), dtype)
+    return Op(op, args, dtype)
+
+
 def _of_loads(e) -> bool:
     """Is ``e`` a load, or an op of loads and numbers (no cat/pad select, no reduction)?"""
     if isinstance(e, Load):
@@ -758,11 +767,8 @@ class _Lowering:
                 if tuple(a.shape) != tuple(out.shape):
                     raise Unsupported(f"{a.name}, a reshape that merges a cat/pad dim, broadcast by {node.op}")
                 inner.append(v.expr)
-            elif _is_number(v):
-                inner.append(v)
-            elif isinstance(a, Value) and a.is_tensor and a.ndim == 0:
-                inner.append(self.view(v, Node("broadcast_in_dim", (a, shape, ()), {},
-                                               (Value(f"{a.name}_b", shape, a.dtype),))))
+            elif _is_number(v) or (isinstance(a, Value) and a.is_tensor and a.ndim == 0):
+                inner.append(self.broadcast_scalar(a, out, shape))
             elif tuple(a.shape) == tuple(out.shape) and _of_loads(v):
                 # a tensor of the result's shape, or an op of such (a bias broadcast over the
                 # rows, cast): read through the inverse reshape, a view its tensors' strides
@@ -771,19 +777,15 @@ class _Lowering:
             else:
                 raise Unsupported(f"{merged.name}, a reshape that merges a cat/pad dim, is computed with "
                                   f"{getattr(a, 'name', a)} by {node.op}")
-        if node.op == "where" and _is_number(inner[0]):
-            e = inner[1] if inner[0] else inner[2]
-            return Reshaped(e if _is_number(e) or dtype_of(e) == out.dtype else
-                            Op("convert_element_type", (e,), out.dtype), shape)
-        return Reshaped(Op(node.op, tuple(inner), out.dtype), shape)
+        return Reshaped(_pointwise(node.op, tuple(inner), out.dtype), shape)
 
-    def broadcast_scalar(self, a, out: Value):
+    def broadcast_scalar(self, a, out: Value, shape: tuple | None = None):
         """``operand(a)``; a 0-d tensor beside operands of ``out``'s shape (prims take it as a
-        number, with no broadcast) is broadcast to that shape first, so that the views pushed
-        through the op later apply to its load as to the others'."""
+        number, with no broadcast) is broadcast to that shape (or ``shape``) first, so that
+        the views pushed through the op later apply to its load as to the others'."""
         e = self.operand(a)
-        if isinstance(a, Value) and a.is_tensor and a.ndim == 0 and out.ndim > 0 and not _is_number(e):
-            shape = tuple(out.shape)
+        shape = tuple(out.shape) if shape is None else shape
+        if isinstance(a, Value) and a.is_tensor and a.ndim == 0 and len(shape) > 0 and not _is_number(e):
             e = self.view(e, Node("broadcast_in_dim", (a, shape, ()), {}, (Value(f"{a.name}_b", shape, a.dtype),)))
         return e
 
@@ -802,12 +804,8 @@ class _Lowering:
             args = tuple(self.broadcast_scalar(a, out) for a in (node.args[:1] if op == "convert_element_type" else node.args))
             if all(map(_is_number, args)):
                 self.env[id(out)] = number_op(node, args)
-            elif op == "where" and _is_number(args[0]):  # a constant condition (a full): one branch
-                e = args[1] if args[0] else args[2]
-                self.env[id(out)] = e if _is_number(e) or dtype_of(e) == out.dtype else Op(
-                    "convert_element_type", (e,), out.dtype)
             else:
-                self.env[id(out)] = Op(op, args, out.dtype)
+                self.env[id(out)] = _pointwise(op, args, out.dtype)
         elif op == "full" and (fill := fill_number(node)) is not None:
             self.env[id(out)] = fill
         elif op in REDUCTION and seg_kind(node) == "view" and op != "var_mean":
