@@ -125,7 +125,7 @@ def _distributed(results: str) -> list[str]:
 
 
 def _zoo(results: str) -> list[str]:
-    from benchmarks.zoo import bucket_table, geometric_mean_line, outside_table, table
+    from benchmarks.zoo import KINDS_BY, bucket_table, geometric_mean_line, outside_table, table
 
     docs = _load_all(results, "zoo-")
     if not docs:
@@ -139,6 +139,12 @@ def _zoo(results: str) -> list[str]:
             "others (named in each model's JSON). GPU idle: the step's waits between kernels (the longest, "
             "with the kernels around them, in the JSON); alone ms: the contender's steps alone in the process, "
             "before the turns.", "", table(docs), "", geometric_mean_line(docs), ""]
+    older = [d["name"] for d in docs if any(c.get("gpu_ms_by_kind") and c.get("kinds_by") != KINDS_BY
+                                            for c in d["contenders"].values())]
+    if older:
+        lines += [f"In the runs of {', '.join(older)}, the matmul column holds two kernels of ours as well "
+                  "(a column reduction's `partial` and `finalize`, told apart by name only since): their "
+                  "ours is too low and their matmul too high by the same amount.", ""]
     outside = outside_table(docs)
     if outside:
         lines += ["Torch kernels thunder + fuser's step ran outside our regions, and why (a copy or an "

@@ -166,12 +166,20 @@ def _gradient_slack(module, ref_grads: list, eps: float = 1e-8) -> list:
 
 
 KINDS = (
-    ("ours", ("kernel_cutlass_kernel",)),  # a CuTe DSL kernel: ``kernel_cutlass_<function>_<its operands>``
+    # a CuTe DSL kernel: ``kernel_cutlass_<function>_<its operands>``, whatever the function
+    # (``kernel``, a column reduction's ``partial`` and ``finalize``); cuBLAS's own CUTLASS
+    # kernels are named ``cutlass3x_...``, ``sm90_xmma_...``
+    ("ours", ("kernel_cutlass_",)),
     ("matmul", ("gemm", "nvjet", "xmma", "cublas", "cutlass", "splitk")),
     ("attention", ("flash", "fmha", "attention", "cudnn", "sdpa", "mha")),
     ("optimizer", ("multi_tensor_apply", "fused_adam", "adam")),
     ("triton", ("triton",)),
 )
+
+
+# the rule above, as a run records it: runs without it counted a column reduction's two
+# kernels of ours (``kernel_cutlass_partial``, ``_finalize``) as matmuls
+KINDS_BY = "every kernel_cutlass_ ours"
 
 
 # why a torch kernel runs outside our regions, by a mark in its name; a kernel none of these
@@ -210,6 +218,7 @@ def kernel_kinds(prof) -> dict:
             hit[1] += e.device_time / 1e3
     left = sorted(torch_kernels.items(), key=lambda kv: -kv[1][1])
     return {"kernels_per_step": len(kernels), "gpu_ms": round(sum(e.device_time for e in kernels) / 1e3, 3),
+            "kinds_by": KINDS_BY,
             "gpu_ms_by_kind": {k: round(v, 3) for k, v in sorted(ms.items())},
             "torch_kernels": [{"name": n, "calls": c, "ms": round(t, 3), "why": left_outside_why(n)}
                               for n, (c, t) in left[:20]],
@@ -345,7 +354,7 @@ def reference(name: str, layers: int, batch_size: int, seq: int, tiny: bool) -> 
 
 
 def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, steps: int, tiny: bool,
-              buckets: tuple = ()) -> dict:
+              buckets: tuple = (), partial: str | None = None) -> dict:
     full = ZOO.get(name, (layers, layers))[1]
     ref, config = reference(name, layers, batch_size, seq, tiny)
     out = {"name": name, "layers": layers, "full_depth": full, "config": config, "contenders": {}}
@@ -355,7 +364,14 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
         for kind in contenders:
             label = run_label(kind, out["contenders"])
             print(f"[{name}] {label} ...", flush=True)
-            out["contenders"][label] = run_contender(kind, name, layers, ref, tiny, timers, checks, buckets)
+            began = time.perf_counter()
+            r = out["contenders"][label] = run_contender(kind, name, layers, ref, tiny, timers, checks, buckets)
+            # a call with a time limit shows where its time went even when the turns never end
+            print(f"[{name}] {label}: set up in {time.perf_counter() - began:.0f} s (first call "
+                  f"{r.get('first_call_s')} s){', ' + r['error'][:200] if r.get('error') else ''}", flush=True)
+            if partial:  # what a call cut short by its time limit still brings back
+                with open(partial, "w") as f:
+                    json.dump({**out, "partial": "contenders set up; turns not timed"}, f, indent=1)
         time_interleaved(timers, steps, batch_size, seq)
         check_after_turns(checks)
     finally:
@@ -473,11 +489,14 @@ def main(argv=None) -> None:
     results = []
     for name in names:
         layers = a.layers or (2 if a.tiny else ZOO.get(name, (2, 2))[0])
-        r = run_model(name, contenders, layers, a.batch, a.seq, steps, a.tiny, buckets)
+        path = os.path.join(a.out, f"zoo-{name}.json")
+        r = run_model(name, contenders, layers, a.batch, a.seq, steps, a.tiny, buckets, partial=path + ".partial")
         r["device"] = _device()
         results.append(r)
-        with open(os.path.join(a.out, f"zoo-{name}.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump(r, f, indent=1)
+        if os.path.exists(path + ".partial"):
+            os.remove(path + ".partial")
     print(report(results))
 
 

@@ -363,6 +363,10 @@ def test_zoo_kernels_are_told_apart_by_name():
     assert kernel_kind("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNN") == "matmul"
     assert kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
     assert kernel_kind("kernel_cutlass_kernel_tensorptrbf16_gmem_align16_o_101_tensorptrbf16_gmem_align16_o_101____0") == "ours"
+    # a column reduction's two kernels are ours too, not a matmul (the "cutlass" in their names)
+    assert kernel_kind("kernel_cutlass_partial_tensorptrbf16_gmem_align16_o_div8i64_div81_tensorptrf32_gmem_o") == "ours"
+    assert kernel_kind("kernel_cutlass_finalize_tensorptrf32_gmem_o_div8i640_tensorptrbf16_gmem") == "ours"
+    assert kernel_kind("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_1x2x1_0_tnn_align8") == "matmul"
     assert kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>") \
         == "optimizer"
     assert kernel_kind("triton_poi_fused_add_mul_0") == "triton"
