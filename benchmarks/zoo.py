@@ -193,9 +193,38 @@ LEFT_OUTSIDE = (
 )
 
 
-def left_outside_why(name: str) -> str:
-    """Why a torch kernel runs outside our regions, or "unexplained"."""
-    return next((why for marks, why in LEFT_OUTSIDE if any(m in name for m in marks)), "unexplained")
+# why, by the torch op that launched it (``launching_ops``): a fill or a copy is ours to take
+# unless the op that makes it is one no kernel of ours runs
+LEFT_OUTSIDE_BY_OP = (
+    (("aten::embedding_backward", "aten::embedding_dense_backward"),
+     "the embedding's backward (aten.embedding_backward): its [vocabulary, dim] gradient zeroed before the "
+     "rows are scattered into it; no kernel family of ours scatters"),
+    (("aten::ones_like",), "autograd's seed of the loss's gradient (a one-element ones_like in backward())"),
+)
+
+
+def left_outside_why(name: str, op: str = "") -> str:
+    """Why a torch kernel runs outside our regions (``op``: the outermost torch op that
+    launched it, where the profiler tells), or "unexplained"."""
+    return next((why for marks, why in LEFT_OUTSIDE if any(m in name for m in marks)), None) or next(
+        (why for marks, why in LEFT_OUTSIDE_BY_OP if op in marks), "unexplained")
+
+
+def launching_ops(prof) -> dict:
+    """(kernel name, start us) -> the outermost ``aten::`` op above the host call that
+    launched it, for the kernels the profiler ties to a host op (none in a CUDA graph)."""
+    ops = {}
+    for fe in prof.events():
+        if fe.device_type != torch.autograd.DeviceType.CPU or not fe.kernels:
+            continue
+        outer, e = None, fe
+        while e is not None:
+            if e.name.startswith("aten::"):
+                outer = e.name
+            e = e.cpu_parent
+        for k in fe.kernels:
+            ops.setdefault(k.name, []).append(outer or "")
+    return ops
 
 
 def kernel_kind(name: str) -> str:
@@ -207,21 +236,23 @@ def kernel_kind(name: str) -> str:
 def kernel_kinds(prof) -> dict:
     """GPU ms of a profiled step by kind of kernel, and the torch kernels by name."""
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    launched_by = launching_ops(prof)  # kernel name -> the ops of its launches, in order
     ms: dict[str, float] = {}
-    torch_kernels: dict[str, list] = {}
-    for e in kernels:
+    torch_kernels: dict[tuple, list] = {}
+    for e in sorted(kernels, key=lambda e: e.time_range.start):
         kind = kernel_kind(e.name)
         ms[kind] = ms.get(kind, 0.0) + e.device_time / 1e3
         if kind == "torch":
-            hit = torch_kernels.setdefault(e.name[:160], [0, 0.0])
+            by = launched_by.get(e.name)
+            hit = torch_kernels.setdefault((e.name[:160], by.pop(0) if by else ""), [0, 0.0])
             hit[0] += 1
             hit[1] += e.device_time / 1e3
     left = sorted(torch_kernels.items(), key=lambda kv: -kv[1][1])
     return {"kernels_per_step": len(kernels), "gpu_ms": round(sum(e.device_time for e in kernels) / 1e3, 3),
             "kinds_by": KINDS_BY,
             "gpu_ms_by_kind": {k: round(v, 3) for k, v in sorted(ms.items())},
-            "torch_kernels": [{"name": n, "calls": c, "ms": round(t, 3), "why": left_outside_why(n)}
-                              for n, (c, t) in left[:20]],
+            "torch_kernels": [{"name": n, "op": op, "calls": c, "ms": round(t, 3), "why": left_outside_why(n, op)}
+                              for (n, op), (c, t) in left[:20]],
             **idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in kernels])}
 
 
@@ -422,11 +453,12 @@ def short_kernel_name(name: str) -> str:
 def outside_table(results: list, contender: str = "thunder+fuser") -> str:
     """Per model, the torch kernels ``contender``'s step ran outside our regions, and why;
     empty where none was profiled."""
-    lines = ["| model | kernel | calls | ms | why outside our regions |", "| --- | --- | ---: | ---: | --- |"]
+    lines = ["| model | kernel | launched by | calls | ms | why outside our regions |",
+             "| --- | --- | --- | ---: | ---: | --- |"]
     for r in results:
         for k in r["contenders"].get(contender, {}).get("torch_kernels", []):
-            lines.append(f"| {r['name']} | `{short_kernel_name(k['name'])}` | {k['calls']} | {k['ms']} | "
-                         f"{k.get('why') or left_outside_why(k['name'])} |")
+            lines.append(f"| {r['name']} | `{short_kernel_name(k['name'])}` | {k.get('op', '')} | {k['calls']} | {k['ms']} | "
+                         f"{k.get('why') or left_outside_why(k['name'], k.get('op', ''))} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 

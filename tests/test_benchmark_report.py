@@ -354,6 +354,37 @@ def test_zoo_names_each_torch_kernel_outside_our_regions_and_why():
     assert short_kernel_name(scatter) == "sum_and_scatter"
     assert left_outside_why(copy) == "unexplained"  # a copy is ours to take: never explained away
     assert "embedding" in left_outside_why(scatter)
+    # a fill is explained only by the op that launched it
+    assert left_outside_why(fill) == left_outside_why(fill, "aten::add") == "unexplained"
+    assert "embedding" in left_outside_why(fill, "aten::embedding_backward")
+
+
+def test_zoo_ties_each_torch_kernel_to_the_op_that_launched_it():
+    """Two fills of one name, one under the embedding's backward and one under an add:
+    only the first is explained, and each keeps its own time."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import Kernel
+
+    from benchmarks.zoo import kernel_kinds
+
+    fill = "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16> >"
+
+    def host(name, parent=None, kernels=()):
+        return NS(name=name, device_type=DeviceType.CPU, cpu_parent=parent, kernels=list(kernels))
+
+    def device(start, us):
+        return NS(name=fill, device_type=DeviceType.CUDA, device_time=us, time_range=NS(start=start, end=start + us))
+
+    backward = host("aten::embedding_backward")
+    dense = host("aten::embedding_dense_backward", backward)
+    zeros = host("aten::zero_", host("aten::zeros", dense), [Kernel(fill, 0, 150)])
+    add = host("aten::fill_", host("aten::add", host("ThunderFunction")), [Kernel(fill, 0, 7)])
+    events = [backward, dense, zeros, add, device(0, 150), device(200, 7)]
+    left = kernel_kinds(NS(events=lambda: events))["torch_kernels"]
+    assert [(k["op"], k["ms"], k["why"] == "unexplained") for k in left] == [
+        ("aten::embedding_backward", 0.15, False), ("aten::add", 0.007, True)]
 
 
 def test_zoo_kernels_are_told_apart_by_name():
