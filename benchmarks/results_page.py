@@ -125,7 +125,7 @@ def _distributed(results: str) -> list[str]:
 
 
 def _zoo(results: str) -> list[str]:
-    from benchmarks.zoo import KINDS_BY, bucket_table, geometric_mean_line, outside_table, table
+    from benchmarks.zoo import KINDS_BY, bucket_table, geometric_mean_line, group_table, outside_table, table
 
     docs = _load_all(results, "zoo-")
     if not docs:
@@ -145,6 +145,11 @@ def _zoo(results: str) -> list[str]:
         lines += [f"In the runs of {', '.join(older)}, the matmul column holds two kernels of ours as well "
                   "(a column reduction's `partial` and `finalize`, told apart by name only since): their "
                   "ours is too low and their matmul too high by the same amount.", ""]
+    groups = group_table(docs)
+    if groups:
+        lines += ["Our fused kernels beside Inductor's, op group by op group (each kernel's group read from the ops "
+                  "its name lists: `fuser_<family>_<ops>`, `triton_..._fused_<ops>`): thunder + fuser's GPU ms "
+                  "against torch.compile's in the same run.", "", groups, ""]
     outside = outside_table(docs)
     if outside:
         lines += ["Torch kernels thunder + fuser's step ran outside our regions, and why (a copy or an "

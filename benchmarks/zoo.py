@@ -233,15 +233,47 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, marks in KINDS if any(m in low for m in marks)), "torch")
 
 
+# the op group a fused kernel (ours or Inductor's) computes, by the ops its name lists: ours
+# ``fuser_<family>_<ops>_kernel_cutlass_...`` (``kernel_names.py``), Inductor's
+# ``triton_<kind>_fused_<aten ops>_<n>``; the first group that matches, else "other"
+OP_GROUPS = (
+    ("loss", lambda w, t: any(m in t for m in ("log_softmax", "nll_loss", "logsumexp", "cross_entropy"))
+     or {"log", "exp"} <= w),
+    ("softmax", lambda w, t: "softmax" in t or {"exp", "amax"} <= w),
+    ("norm", lambda w, t: "rsqrt" in w or {"var", "mean"} <= w or "layer_norm" in t),
+    ("activation", lambda w, t: bool(w & {"silu", "sigmoid", "gelu", "tanh", "erf", "relu"})
+     or {"exp", "reciprocal"} <= w),
+    ("rope", lambda w, t: bool(w & {"cat", "neg"})),
+    ("optimizer", lambda w, t: "lerp" in w or "foreach" in t or {"sqrt", "div"} <= w),
+    ("embedding", lambda w, t: "embedding" in t),
+)
+
+
+def op_group(name: str) -> str:
+    """What a fused kernel computes (``OP_GROUPS``), from its name."""
+    if name.startswith("fuser_"):
+        text = name.split("_kernel_cutlass_")[0][len("fuser_"):]
+    elif name.startswith("triton_"):
+        text = name.split("fused_", 1)[-1]
+    else:
+        return "other"
+    words = set(text.split("_"))
+    return next((group for group, test in OP_GROUPS if test(words, text)), "other")
+
+
 def kernel_kinds(prof) -> dict:
     """GPU ms of a profiled step by kind of kernel, and the torch kernels by name."""
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     launched_by = launching_ops(prof)  # kernel name -> the ops of its launches, in order
     ms: dict[str, float] = {}
     torch_kernels: dict[tuple, list] = {}
+    groups: dict[str, dict] = {}  # op group -> kind (ours, triton) -> ms
     for e in sorted(kernels, key=lambda e: e.time_range.start):
         kind = kernel_kind(e.name)
         ms[kind] = ms.get(kind, 0.0) + e.device_time / 1e3
+        if kind in ("ours", "triton"):
+            by_kind = groups.setdefault(op_group(e.name), {})
+            by_kind[kind] = by_kind.get(kind, 0.0) + e.device_time / 1e3
         if kind == "torch":
             by = launched_by.get(e.name)
             hit = torch_kernels.setdefault((e.name[:160], by.pop(0) if by else ""), [0, 0.0])
@@ -251,6 +283,7 @@ def kernel_kinds(prof) -> dict:
     return {"kernels_per_step": len(kernels), "gpu_ms": round(sum(e.device_time for e in kernels) / 1e3, 3),
             "kinds_by": KINDS_BY,
             "gpu_ms_by_kind": {k: round(v, 3) for k, v in sorted(ms.items())},
+            "gpu_ms_by_group": {g: {k: round(v, 3) for k, v in sorted(kinds.items())} for g, kinds in sorted(groups.items())},
             "torch_kernels": [{"name": n, "op": op, "calls": c, "ms": round(t, 3), "why": left_outside_why(n, op)}
                               for (n, op), (c, t) in left[:20]],
             **idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in kernels])}
@@ -459,6 +492,21 @@ def outside_table(results: list, contender: str = "thunder+fuser") -> str:
         for k in r["contenders"].get(contender, {}).get("torch_kernels", []):
             lines.append(f"| {r['name']} | `{short_kernel_name(k['name'])}` | {k.get('op', '')} | {k['calls']} | {k['ms']} | "
                          f"{k.get('why') or left_outside_why(k['name'], k.get('op', ''))} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def group_table(results: list, ours: str = "thunder+fuser", theirs: str = "torch.compile") -> str:
+    """Per model and op group (``OP_GROUPS``), the GPU ms of ``ours``' kernels beside
+    Inductor's in ``theirs``; empty where no run named its kernels by their ops."""
+    lines = ["| model | op group | ours ms | Triton ms | ours x Triton |", "| --- | --- | ---: | ---: | ---: |"]
+    for r in results:
+        a = r["contenders"].get(ours, {}).get("gpu_ms_by_group")
+        b = r["contenders"].get(theirs, {}).get("gpu_ms_by_group")
+        if not a or not b:
+            continue
+        for g in sorted(set(a) | set(b)):
+            x, y = a.get(g, {}).get("ours", 0.0), b.get(g, {}).get("triton", 0.0)
+            lines.append(f"| {r['name']} | {g} | {x:.3f} | {y:.3f} | {f'{x / y:.2f}' if x and y else ''} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 

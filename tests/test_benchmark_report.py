@@ -433,3 +433,29 @@ def test_the_results_page_leads_with_the_zoo_where_it_ran(tmp_path):
     assert sections[:2] == ["How these are measured", "Whole training steps of the model zoo (`python -m benchmarks.zoo`)"]
     assert "| pythia-1b | 16 (16) | thunder+fuser | 10.0 |  | 1.1 |" in text
     assert "thunder+fuser x torch.compile, geometric mean over 1 models: 1.100" in text
+
+
+def test_zoo_puts_our_kernels_and_inductors_in_the_same_op_groups():
+    """Ours are named by their ops (``kernel_names.py``), Inductor's by its aten ops: the same
+    computation lands in the same group either way, so the page compares them group by group."""
+    from benchmarks.zoo import group_table, op_group
+
+    tail = "_kernel_cutlass_kernel_tensorptrbf16_gmem_align16_o_div8i64_div81_0"
+    pairs = {
+        "loss": ("fuser_rows_amax_exp_log_sub_sum_where", "triton_red_fused__log_softmax_nll_loss_forward_0"),
+        "norm": ("fuser_rows_add_mean_mul_rsqrt_sum", "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0"),
+        "activation": ("fuser_pointwise_add_exp_mul_neg_reciprocal", "triton_poi_fused_mul_silu_3"),
+        "rope": ("fuser_pointwise_add_cat_mul_neg", "triton_poi_fused_add_cat_mul_neg_slice_split_with_sizes_1"),
+        "optimizer": ("fuser_pointwise_group_add_div_lerp_mul_pow_sqrt_sub", "triton_for_fused__foreach_addcdiv_0"),
+        "other": ("fuser_pointwise_add", "triton_poi_fused_add_2"),
+    }
+    for group, (ours, inductors) in pairs.items():
+        assert (op_group(ours + tail), op_group(inductors)) == (group, group), group
+    assert op_group("fuser_rows_and_columns_add_mul_rsqrt_sum" + tail.replace("kernel_tensor", "partial_tensor")) == "norm"
+    assert op_group("nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_TNT") == "other"  # a matmul is in no group
+
+    run = {"name": "m", "contenders": {
+        "thunder+fuser": {"gpu_ms_by_group": {"norm": {"ours": 1.5}, "rope": {"ours": 0.2}}},
+        "torch.compile": {"gpu_ms_by_group": {"norm": {"triton": 1.0}, "loss": {"triton": 0.5}}}}}
+    assert group_table([run]).splitlines()[2:] == [
+        "| m | loss | 0.000 | 0.500 |  |", "| m | norm | 1.500 | 1.000 | 1.50 |", "| m | rope | 0.200 | 0.000 |  |"]

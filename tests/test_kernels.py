@@ -819,7 +819,7 @@ def test_every_family_compiles_to_ptx_without_a_gpu(name, ptx_compile, tmp_path)
         # groups of lanes merge: shuffles across groups only, then shared memory across warps
         from thunder_fuser.backends.cute.families.partials import FINALIZE_COLUMNS
 
-        finalize = ptx[ptx.index(".entry kernel_cutlass_finalize"):]
+        finalize = ptx[re.search(r"\.entry \w*kernel_cutlass_finalize", ptx).start():]
         offsets = [int(k) for k in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),", finalize)]
         assert sorted(offsets) == [1 << k for k in range(FINALIZE_COLUMNS.bit_length() - 1, 5)], offsets
         assert "bar.sync" in finalize and "st.shared" in finalize
@@ -1357,3 +1357,21 @@ def test_a_compile_says_so_on_stderr(monkeypatch, capfd):
     err = capfd.readouterr().err
     assert re.search(r"thunder_fuser: compiling kernels: \d+ compiled \([\d.]+ s\), \d+ from the disk cache"
                      r"(, \d+ queued for worker processes)? \(last: rows\)", err), err
+
+
+@pytest.mark.parametrize("fn, make, names", [
+    (layernorm, lambda: (_r(8, 4096), _r(4096), _r(4096)), ["fuser_rows_add_mean_mul_rsqrt_sub_var"]),
+    (rotate_half_residual, lambda: (_r(2, 4, 33, 128, dtype=torch.bfloat16),), ["fuser_pointwise_add_cat_neg"]),
+    (lambda x: (x.sum(0), x.amax(0)), lambda: (_r(64, 1000, dtype=torch.bfloat16),),
+     ["fuser_columns_amax_sum", "fuser_columns_amax_sum"]),  # its two launches: partials, then the finalize
+], ids=["a norm's rows", "a resize", "a column reduction's two launches"])
+def test_each_kernel_is_named_by_its_family_and_ops(fn, make, names, ptx_compile):
+    """A profile tells our kernels apart as it does Inductor's (``triton_red_fused_add_mean_mul_rsqrt``):
+    each entry point is ``fuser_<family>_<its ops>`` before the DSL's own name."""
+    from thunder_fuser.backends.cute import cache
+
+    cache.clear_memory()
+    ptx = "".join(ptx_text(segment_kernel.compile_program(p.prog, p.geo, None)) for p in planned_parts(fn, make()))
+    entries = re.findall(r"\.entry\s+(\w+)", ptx)
+    assert [e.split("_kernel_cutlass_")[0] for e in entries] == names, entries
+    assert all("_kernel_cutlass_" in e for e in entries)  # the DSL's name after ours: unique, and ours to the zoo

@@ -362,7 +362,7 @@ def compile_members(members: list, device, defer: bool = False, directory=None):
 
     arch = arch_of(device)
     texts = tuple((prog.family, _program_text(prog, geo), geo.signature()) for prog, geo in members)
-    key = ("v1", texts[0], arch) if len(members) == 1 else ("group v1", texts, arch)
+    key = ("v2", texts[0], arch) if len(members) == 1 else ("group v2", texts, arch)  # v2: kernels named by their ops
 
     def build():
         import cutlass.cute as cute

@@ -119,4 +119,4 @@ def build_columns(prog: Program, geo: Geometry):
 
     return partials_then_finalize(
         geo, rank, ref_slot, T, partial_body, finalize_body,
-        lambda ws, M, N: [(N // V + CW - 1) // CW, cute.size(ws, mode=[0]), 1], lambda M, N: N)
+        lambda ws, M, N: [(N // V + CW - 1) // CW, cute.size(ws, mode=[0]), 1], lambda M, N: N, ("columns", [prog]))

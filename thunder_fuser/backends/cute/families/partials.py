@@ -17,6 +17,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from thunder_fuser.backends.cute.dsl.cute_memory import operand_views, row_evaluator, store_scalar_if
 from thunder_fuser.backends.cute.dsl.cute_reduce import COMBINE, IDENTITY
 from thunder_fuser.backends.cute.dsl.cute_values import cast, result_as
+from thunder_fuser.backends.cute.kernel_names import named
 from thunder_fuser.backends.cute.tiling.geometry import Geometry
 
 
@@ -228,11 +229,12 @@ def combined_splits(reduces, offsets, ws, width, c, group, tidx, count, per, pre
 
 
 def partials_then_finalize(geo: Geometry, rank: int, ref_slot: int, T: int, partial_body, finalize_body, partial_grid,
-                            finalized):
+                            finalized, label: tuple):
     """The two launches of a reduction split across blocks: ``partial_body(t2s, tvs, ws, M,
     N, per, tidx, block x, block y)`` over ``partial_grid(ws, M, N)`` in blocks of ``T``,
     then ``finalize_body(t2s, ws, M, N, per, c, group, tidx)`` for each of ``finalized(M,
-    N)`` results ``c``, FINALIZE_COLUMNS of them per block of FINALIZE_THREADS."""
+    N)`` results ``c``, FINALIZE_COLUMNS of them per block of FINALIZE_THREADS. ``label``:
+    the family and programs the kernels are named after (``kernel_names.named``)."""
     V = geo.vector
 
     @cute.kernel
@@ -247,6 +249,9 @@ def partials_then_finalize(geo: Geometry, rank: int, ref_slot: int, T: int, part
         bidx, _, _ = cute.arch.block_idx()
         c = bidx * FINALIZE_COLUMNS + tidx % FINALIZE_COLUMNS
         finalize_body(t2s, ws, M, N, per, c, tidx // FINALIZE_COLUMNS, tidx)
+
+    named(partial, *label)
+    named(finalize, *label)
 
     @cute.jit
     def launch(ts, ws: cute.Tensor, per: cutlass.Int32, stream):

@@ -38,6 +38,7 @@ from thunder_fuser.backends.cute.dsl.cute_values import Evaluator, as_vector, cu
 from thunder_fuser.backends.cute.lower.expr import Load, Program, Select
 from thunder_fuser.backends.cute.tiling.geometry import vector_access
 from thunder_fuser.backends.cute.tiling.operands import Geometry
+from thunder_fuser.backends.cute.kernel_names import named
 
 POINTWISE_THREADS = 128  # 128-1024 measured within noise of each other (H100, scripts/pointwise_probe.py)
 
@@ -246,6 +247,8 @@ def build_pointwise(prog: Program, geo: Geometry):
         bidx, _, _ = cute.arch.block_idx()
         thread((t2s, tvs, M, N, nvec), first_thread(bidx, T, geo.index64) + tidx)
 
+    named(kernel, "pointwise", [prog])
+
     @cute.jit
     def launch(ts, stream):
         (t2s, tvs, M, N, nvec), blocks = setup(ts)
@@ -273,6 +276,8 @@ def build_pointwise_group(progs: list, geos: list):
         for i in cutlass.range_constexpr(len(pieces)):
             if (bidx >= starts[i]) & (bidx < starts[i + 1]):
                 pieces[i][1](args[i], (bidx - starts[i]) * T + tidx)  # no member stages (launch_group)
+
+    named(kernel, "pointwise_group", progs)
 
     @cute.jit
     def launch(ts_list, stream):

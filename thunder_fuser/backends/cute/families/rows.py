@@ -63,6 +63,7 @@ from thunder_fuser.backends.cute.tiling.geometry import vector_access
 from thunder_fuser.backends.cute.tiling.operands import Geometry
 from thunder_fuser.backends.cute.families.partials import finalize_column, partials_then_finalize
 from thunder_fuser.backends.cute.tiling.rows_geometry import row_block
+from thunder_fuser.backends.cute.kernel_names import named
 
 ONLINE_SOFTMAX = True  # rows too long for registers take a softmax's max and sum in one pass
 #                        (``expr.softmax_sums``); False only to measure the two passes beside it
@@ -439,6 +440,8 @@ def build_rows(prog: Program, geo: Geometry):
         row_body(t2s, tvs, row_coord(t2s[ref_slot], m, rank), rt, tidx, N, m < M,
                  shared_accumulators(Tr, warps, n_reductions))
 
+    named(kernel, "rows", [prog])
+
     @cute.jit
     def launch(ts, stream):
         t2s, tvs, M, N = operand_views(ts, geo, rank, V, ref_slot)
@@ -508,7 +511,7 @@ def rows_with_column_sums(prog: Program, geo: Geometry, body, ref_slot: int, n_r
 
     return partials_then_finalize(
         geo, rank, ref_slot, T, partial_body, finalize_body,
-        lambda ws, M, N: [cute.size(ws, mode=[0]), 1, 1], lambda M, N: N)
+        lambda ws, M, N: [cute.size(ws, mode=[0]), 1, 1], lambda M, N: N, ("rows_and_columns", [prog]))
 
 
 def _finite_or_zero(m):

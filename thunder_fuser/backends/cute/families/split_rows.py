@@ -123,4 +123,4 @@ def build_split_rows(prog: Program, geo: Geometry):
 
     return partials_then_finalize(
         geo, rank, ref_slot, T, partial_body, finalize_body, lambda ws, M, N: [cute.size(ws, mode=[0]), M, 1],
-        lambda M, N: M)
+        lambda M, N: M, ("split_rows", [prog]))

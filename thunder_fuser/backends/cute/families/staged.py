@@ -26,6 +26,7 @@ from thunder_fuser.backends.cute.families.pointwise import POINTWISE_THREADS, po
 from thunder_fuser.backends.cute.lower.expr import Program
 from thunder_fuser.backends.cute.tiling.geometry import Geometry
 from thunder_fuser.backends.cute.tiling.pointwise_geometry import stage_tile
+from thunder_fuser.backends.cute.kernel_names import named
 
 
 def build_pointwise_staged(prog: Program, geo: Geometry):
@@ -88,6 +89,8 @@ def build_pointwise_staged(prog: Program, geo: Geometry):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         body(t2s, tvs, N, nvec, tiles_n, tidx, bidx)
+
+    named(kernel, "staged", [prog])
 
     @cute.jit
     def launch(ts, stream):
