@@ -141,28 +141,33 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", torch.float32, copy=True)
 
 
-def _update_error(module, before: list, ref_updates: list, slack: list | None = None) -> str | None:
+def _update_error(module, before: list, ref_updates: list, ref_grads: list | None = None) -> str | None:
     """None when every parameter moved as eager's optimizer moved it (``UPDATE_OFF``), else
-    the parameter with the most elements off. ``slack``: per parameter, how far the
-    contender's update may stray because its gradient did (``_gradient_slack``)."""
+    the parameter with the most elements off. ``before``: the parameters before the step;
+    ``ref_grads``: eager's gradients, beside which the contender's (still held) let its
+    update stray as far as its gradient's difference explains (``_gradient_slack``). Each
+    parameter is compared where it lives, one at a time (a host pass over every element of
+    a 1.5B model took tens of seconds per contender)."""
     worst = (0.0, "")
-    for i, ((name, p), b, want) in enumerate(zip(module.named_parameters(), before, ref_updates)):
-        allowed = 2 * torch.finfo(p.dtype).eps * b.abs() + UPDATE_REL * want.abs() + 1e-30
-        if slack is not None:
-            allowed += slack[i]
-        off = (_host(p) - b - want).abs() > allowed
-        worst = max(worst, (off.float().mean().item(), name))
+    with torch.no_grad():
+        for i, ((name, p), b, want) in enumerate(zip(module.named_parameters(), before, ref_updates)):
+            b, want = b.to(p.device, torch.float32), want.to(p.device, torch.float32)
+            allowed = 2 * torch.finfo(p.dtype).eps * b.abs() + UPDATE_REL * want.abs() + 1e-30
+            if ref_grads is not None:
+                allowed += _gradient_slack(p.grad, ref_grads[i].to(p.device))
+            off = (p.float() - b - want).abs() > allowed
+            worst = max(worst, (off.float().mean().item(), name))
     if worst[0] > UPDATE_OFF:
         return f"the optimizer's update of {worst[1]}: {worst[0]:.1%} of its elements off"
     return None
 
 
-def _gradient_slack(module, ref_grads: list, eps: float = 1e-8) -> list:
-    """Per parameter, how far AdamW's first update may differ from eager's because the
+def _gradient_slack(grad: torch.Tensor, ref_grad: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """How far AdamW's first update of a parameter may differ from eager's because its
     gradient differs: the update is ``lr * g / (|g| + eps)``, which moves by at most
     ``lr * |dg| / (|g| + eps)`` (twice that covers a gradient near zero of the other sign)."""
-    return [2 * LR * (_host(p.grad) - g.float()).abs() / (g.float().abs() + eps)
-            for p, g in zip(module.parameters(), ref_grads)]
+    g = ref_grad.float()
+    return 2 * LR * (grad.float() - g).abs() / (g.abs() + eps)
 
 
 KINDS = (
@@ -330,14 +335,15 @@ def _first_step(trainer: Trainer, ref: dict, res: dict) -> str | None:
     bad = _check(module, loss, ref["loss"], ref["grads"])
     if bad:
         return bad
-    before = [_host(p) for p in module.parameters()]
-    slack = _gradient_slack(module, ref["grads"])
+    before = [p.detach().clone() for p in module.parameters()]  # where they live: the check runs there
     t0 = time.perf_counter()
     trainer.opt_step()
     _sync()
     res["first_optimizer_step_s"] = round(time.perf_counter() - t0, 2)
+    bad = _update_error(module, before, ref["updates"], ref["grads"])
+    del before
     trainer.opt.zero_grad(set_to_none=True)
-    return _update_error(module, before, ref["updates"], slack)
+    return bad
 
 
 def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, timers: list, checks: list,
