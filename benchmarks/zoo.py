@@ -423,6 +423,21 @@ def reference(name: str, layers: int, batch_size: int, seq: int, tiny: bool) -> 
             "updates": updates}, config
 
 
+def added_run(before: dict, run: dict) -> dict:
+    """``before`` (a model's JSON) with ``run``'s contenders added, each marked with the run
+    it came from (a contender run again is replaced; the first run's torch.compile stays the
+    one the table lists, every contender's x torch.compile is against its own run's)."""
+    if (before["layers"], before["config"]) != (run["layers"], run["config"]):
+        raise SystemExit(f"--add: {run['name']} ran with other layers or sizes than {before['layers']} ({before['config']})")
+    n = 1 + max((c.get("run", 1) for c in before["contenders"].values()), default=0)
+    merged = dict(before, contenders=dict(before["contenders"]))
+    for label, c in run["contenders"].items():
+        if label == "torch.compile" and label in merged["contenders"]:
+            label = f"torch.compile (run {n})"
+        merged["contenders"][label] = dict(c, run=n)
+    return merged
+
+
 def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, steps: int, tiny: bool,
               buckets: tuple = (), partial: str | None = None) -> dict:
     full = ZOO.get(name, (layers, layers))[1]
@@ -563,6 +578,10 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, help="timed steps per contender, in interleaved turns (default: 20; --tiny: 2)")
     ap.add_argument("--tiny", action="store_true", help="the CPU smoke test: tiny configs in fp32")
     ap.add_argument("--buckets", help="comma-separated sequence lengths each contender also steps over in turns")
+    ap.add_argument("--add", action="store_true",
+                    help="add this run's contenders to the model's JSON already in --out (a deep model whose "
+                         "contenders need more than one call); each keeps its x torch.compile against its own "
+                         "run's, so give every run torch.compile")
     a = ap.parse_args(argv)
     buckets = tuple(int(n) for n in a.buckets.split(",")) if a.buckets else ()
     a.tiny = a.tiny or not torch.cuda.is_available()
@@ -578,6 +597,9 @@ def main(argv=None) -> None:
         path = os.path.join(a.out, f"zoo-{name}.json")
         r = run_model(name, contenders, layers, a.batch, a.seq, steps, a.tiny, buckets, partial=path + ".partial")
         r["device"] = _device()
+        if a.add and os.path.exists(path):
+            with open(path) as f:
+                r = added_run(json.load(f), r)
         results.append(r)
         with open(path, "w") as f:
             json.dump(r, f, indent=1)

@@ -459,3 +459,24 @@ def test_zoo_puts_our_kernels_and_inductors_in_the_same_op_groups():
         "torch.compile": {"gpu_ms_by_group": {"norm": {"triton": 1.0}, "loss": {"triton": 0.5}}}}}
     assert group_table([run]).splitlines()[2:] == [
         "| m | loss | 0.000 | 0.500 |  |", "| m | norm | 1.500 | 1.000 | 1.50 |", "| m | rope | 0.200 | 0.000 |  |"]
+
+
+def test_zoo_adds_a_second_runs_contenders_to_a_models_json():
+    """A deep model's contenders in two calls (``--add``): the second run's join the first's,
+    marked with their run, its torch.compile kept apart, and sizes that differ refused."""
+    import pytest
+
+    from benchmarks.zoo import added_run
+
+    def run(contenders, layers=28):
+        return {"name": "m", "layers": layers, "config": {"n_embd": 8}, "contenders": contenders}
+
+    first = run({"torch.compile": {"step_ms": 10.0}, "thunder+fuser": {"step_ms": 9.0, "x_torch_compile": 1.11}})
+    second = run({"torch.compile": {"step_ms": 10.4}, "eager": {"step_ms": 20.0, "x_torch_compile": 0.52}})
+    merged = added_run(first, second)
+    assert merged["contenders"] == {
+        "torch.compile": {"step_ms": 10.0}, "thunder+fuser": {"step_ms": 9.0, "x_torch_compile": 1.11},
+        "torch.compile (run 2)": {"step_ms": 10.4, "run": 2}, "eager": {"step_ms": 20.0, "x_torch_compile": 0.52, "run": 2}}
+    assert first["contenders"].keys() == {"torch.compile", "thunder+fuser"}  # the first run's dict is its own
+    with pytest.raises(SystemExit, match="other layers"):
+        added_run(first, run({}, layers=8))
