@@ -266,6 +266,13 @@ def op_group(name: str) -> str:
     return next((group for group, test in OP_GROUPS if test(words, text)), "other")
 
 
+def fused_name(name: str) -> str:
+    """A fused kernel's name without what varies with its operands: ours up to the DSL's
+    ``_kernel_cutlass_<function>``, Inductor's whole (its names are short)."""
+    head, sep, rest = name.partition("_kernel_cutlass_")
+    return head + sep + rest.split("_")[0] if sep else name[:120]
+
+
 def kernel_kinds(prof) -> dict:
     """GPU ms of a profiled step by kind of kernel, and the torch kernels by name."""
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -273,12 +280,16 @@ def kernel_kinds(prof) -> dict:
     ms: dict[str, float] = {}
     torch_kernels: dict[tuple, list] = {}
     groups: dict[str, dict] = {}  # op group -> kind (ours, triton) -> ms
+    fused: dict[str, list] = {}  # a fused kernel's name without its operands -> [calls, ms]
     for e in sorted(kernels, key=lambda e: e.time_range.start):
         kind = kernel_kind(e.name)
         ms[kind] = ms.get(kind, 0.0) + e.device_time / 1e3
         if kind in ("ours", "triton"):
             by_kind = groups.setdefault(op_group(e.name), {})
             by_kind[kind] = by_kind.get(kind, 0.0) + e.device_time / 1e3
+            hit = fused.setdefault(fused_name(e.name), [0, 0.0])
+            hit[0] += 1
+            hit[1] += e.device_time / 1e3
         if kind == "torch":
             by = launched_by.get(e.name)
             hit = torch_kernels.setdefault((e.name[:160], by.pop(0) if by else ""), [0, 0.0])
@@ -289,6 +300,8 @@ def kernel_kinds(prof) -> dict:
             "kinds_by": KINDS_BY,
             "gpu_ms_by_kind": {k: round(v, 3) for k, v in sorted(ms.items())},
             "gpu_ms_by_group": {g: {k: round(v, 3) for k, v in sorted(kinds.items())} for g, kinds in sorted(groups.items())},
+            "fused_kernels": [{"name": n, "group": op_group(n), "calls": c, "ms": round(t, 3)}
+                              for n, (c, t) in sorted(fused.items(), key=lambda kv: -kv[1][1])[:40]],
             "torch_kernels": [{"name": n, "op": op, "calls": c, "ms": round(t, 3), "why": left_outside_why(n, op)}
                               for (n, op), (c, t) in left[:20]],
             **idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in kernels])}

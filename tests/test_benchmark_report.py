@@ -453,6 +453,10 @@ def test_zoo_puts_our_kernels_and_inductors_in_the_same_op_groups():
         assert (op_group(ours + tail), op_group(inductors)) == (group, group), group
     assert op_group("fuser_rows_and_columns_add_mul_rsqrt_sum" + tail.replace("kernel_tensor", "partial_tensor")) == "norm"
     assert op_group("nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_TNT") == "other"  # a matmul is in no group
+    from benchmarks.zoo import fused_name
+
+    assert fused_name("fuser_columns_sum" + tail.replace("kernel_tensor", "finalize_tensor")) == \
+        "fuser_columns_sum_kernel_cutlass_finalize"  # one row per kernel, whatever its operands
 
     run = {"name": "m", "contenders": {
         "thunder+fuser": {"gpu_ms_by_group": {"norm": {"ours": 1.5}, "rope": {"ours": 0.2}}},
