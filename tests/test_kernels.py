@@ -287,6 +287,42 @@ def test_a_reshape_that_cuts_a_cat_dim_is_computed_before_it_where_its_operands_
         assert "needs a copy at these strides" in explain(jfn), explain(jfn)
 
 
+def test_an_output_reshaped_for_a_matmul_is_stored_in_its_siblings_launch(torch_kernels):
+    """A SwiGLU's backward: the up projection's gradient is stored as the [tokens, hidden]
+    matrix its matmuls read, the gate's as [batch, seq, hidden]. Stored over the shape before
+    the reshape (its target viewed so), the first joins the second's launch and the operands
+    are read once; where the planned layout cannot take that view, or the launch's other
+    operands cannot be read over that shape at their strides, it keeps a launch of its own."""
+    def swiglu_backward(a, b, g):
+        sa = torch.nn.functional.silu(a.float())
+        d_up = (g.float() * sa).to(a.dtype).reshape(-1, a.shape[-1])
+        d_gate = (g.float() * b.float() * torch.sigmoid(a.float()) * (1 + a.float() * (1 - torch.sigmoid(a.float()))))
+        return d_gate.to(a.dtype), d_up
+
+    args = tuple(_r(2, 8, 64, dtype=torch.bfloat16) for _ in range(3))
+    jfn, _ = check_vs_eager(swiglu_backward, *args)
+    (k,) = [k for _, k in _kernels(jfn)]
+    assert len(k.parts) == 1, [p.prog.domain for p in k.parts]
+    assert sorted(tuple(st.target.shape) for st in k.parts[0].prog.stores) == [(2, 8, 64), (16, 64)]
+
+    from thunder_fuser.backends.cute.lower.expr import _views_as
+    from thunder_fuser.ir.region import Value
+
+    up = Value("up", (2, 8, 64), torch.bfloat16)  # stored over [16, 64]: its first two dims merge
+    assert _views_as(up, {}, (16, 64)) and _views_as(up, {id(up): (0, 1, 2)}, (16, 64))
+    assert not _views_as(up, {id(up): (1, 0, 2)}, (16, 64))  # seq outermost: a launch of its own
+
+
+def test_an_output_stored_over_its_sources_shape_compiles_to_ptx(ptx_compile):
+    """The launch above, generated: its reshaped output's store is a view of the target."""
+    def fn(a, g):
+        return (g.float() * a.float()).to(a.dtype), (g.float() * torch.sigmoid(a.float())).to(a.dtype).reshape(-1, 64)
+
+    args = (_r(2, 8, 64, dtype=torch.bfloat16), _r(2, 8, 64, dtype=torch.bfloat16))
+    (part,) = planned_parts(fn, args)
+    assert ".target sm_90a" in ptx_text(segment_kernel.compile_program(part.prog, part.geo, None))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_cast_of_transposed_pieces_concatenated_first_is_computed_before_the_merge(torch_kernels, dtype):
     """The q, k, v gradients joined into the fused projection's (concatenated along h first,

@@ -42,7 +42,7 @@ class SegmentKernel:
         self.seg = seg
         self.mode = mode
         self.iotas = find_iotas(seg.nodes, seg.outputs)
-        self.parts = [Part(p) for p in lower_segment(seg, self.iotas)]  # raises Unsupported
+        self.parts = [Part(p) for p in lower_segment(seg, self.iotas, orders)]  # raises Unsupported
         self.constants: dict = {}  # the iota operands (evaluated once, at ``prepare``)
         self.post_views = alias_views(seg)  # outputs that are views: made by torch after the launches
         self.orders = orders
@@ -102,7 +102,15 @@ class SegmentKernel:
             # the layouts the rewrites chose for their temporaries, then the plan's
             return self._prepare_part(part, env, written, device, ChainMap(chosen, self.orders))
 
-        legal = legalize(self.parts, place)
+        try:
+            legal = legalize(self.parts, place)
+        except Unsupported:
+            # outputs stored over their source's shape (``expr._stored_before_reshape``) join
+            # a launch whose operands these strides may not view so: as lowered without that
+            plain = [Part(p) for p in lower_segment(self.seg, self.iotas)]
+            if len(plain) == len(self.parts):
+                raise
+            legal = legalize(plain, place)
         self.parts, self.columns_apart = legal.parts, legal.columns_apart
         _check_no_read_after_an_earlier_write(self.parts, written, env)
         if compile_now:

@@ -177,11 +177,14 @@ def _read_by_no_kernel(seg: Segment, made_by_torch) -> set[int]:
     return skip
 
 
-def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
+def lower_segment(seg: Segment, iotas: Iotas | None = None, orders: dict | None = None) -> list[Program]:
     """The programs of a pointwise, reduction, normalization or resize segment: one per
     shape of the values it stores (a segment may fuse siblings of different shapes, such as
     the RoPE of q and of k), each a kernel launch. ``iotas`` (``constants.find_iotas``)
-    are read as operands, computed once per plan."""
+    are read as operands, computed once per plan. ``orders``: the plan's layouts of the
+    outputs (value id -> dims outermost first), where known: an output that is a reshape of
+    a value of another stored shape is stored over that shape where its layout allows
+    (``_stored_before_reshape``)."""
     if seg.kind in ("pointwise", "transpose", "resize"):
         family = "pointwise"
     elif seg.kind in ("reduction", "normalization"):
@@ -219,6 +222,8 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
         if not any(s.is_row or has_reduce(s.expr) for s in stores):
             raise Unsupported("a row kernel with no reduction")
         return [prog]
+    if orders is not None:
+        stores = _stored_before_reshape(seg, lw, stores, orders)
     groups: dict[tuple, list[Store]] = {}
     for st in stores:
         # a store of a broadcast merged into another dim iterates over the dims before the
@@ -234,6 +239,63 @@ def lower_segment(seg: Segment, iotas: Iotas | None = None) -> list[Program]:
         _collect_loads(prog)
         progs.append(prog)
     return progs
+
+
+def _stored_before_reshape(seg: Segment, lw, stores: list, orders: dict) -> list:
+    """``stores``, each output that a reshape in the segment made from a value of another
+    stored shape stored over that shape instead (its target viewed over it in row-major
+    order, as a cat under a reshape is), so that it joins their program: one launch reads
+    the operands once. In a SwiGLU's backward the gradient of the up projection is stored
+    as the [tokens, hidden] matrix its matmuls read, the gate's as [batch, seq, hidden]:
+    two launches, reading the gradient and the gate twice (2 of 7 tensors' traffic more).
+    Only where the output's layout takes the view (a fresh output in the plan's order)."""
+    shapes = {st.domain or tuple(st.target.shape) for st in stores}
+    made_by = {id(n.output): n for n in seg.nodes if n.outputs}
+    out = []
+    for st in stores:
+        found = None if st.domain or st.is_row or st.across else _after_reshape(st.target, made_by)
+        if found is not None:
+            src, chain = found
+            if (tuple(src.shape) in shapes - {tuple(st.target.shape)} and id(src) in lw.env
+                    and not isinstance(lw.env[id(src)], Reshaped) and _views_as(st.target, orders, tuple(src.shape))):
+                e = lw.env[id(src)]
+                for node in chain:  # the elementwise ops after the reshape, applied before it
+                    args = node.args[:1] if node.op == "convert_element_type" else node.args
+                    e = _pointwise(node.op, tuple(a if _is_number(a) else e for a in args), node.output.dtype)
+                st = Store(st.target, e, domain=tuple(src.shape))
+        out.append(st)
+    return out
+
+
+def _after_reshape(v: Value, made_by: dict) -> tuple | None:
+    """(the source of a reshape, the elementwise ops of one tensor each that follow it up
+    to ``v``, in order) where ``v`` is made so in the segment, else None."""
+    chain = []
+    node = made_by.get(id(v))
+    while node is not None and node.op != "reshape":
+        tensors = [a for a in node.args if isinstance(a, Value) and a.is_tensor]
+        if node.op not in POINTWISE or len(tensors) != 1 or tuple(tensors[0].shape) != tuple(v.shape):
+            return None
+        if any(not _is_number(a) for a in node.args if not (isinstance(a, Value) and a.is_tensor)) \
+                and node.op != "convert_element_type":
+            return None
+        chain.append(node)
+        node = made_by.get(id(tensors[0]))
+    if node is None or not isinstance(node.args[0], Value):
+        return None
+    return node.args[0], chain[::-1]
+
+
+def _views_as(v: Value, orders: dict, shape: tuple) -> bool:
+    """Does ``v``, allocated in its planned order, view as ``shape`` (torch's rule)?"""
+    from thunder_fuser.layout import strides_for_order
+
+    order = orders.get(id(v)) or tuple(range(len(v.shape)))
+    try:
+        torch.empty_strided(tuple(v.shape), strides_for_order(v.shape, order), device="meta").view(shape)
+    except RuntimeError:
+        return False
+    return True
 
 
 def trailing_merge(ld: Load) -> tuple[tuple, int, list] | None:
