@@ -216,8 +216,8 @@ def left_outside_why(name: str, op: str = "") -> str:
 
 
 def launching_ops(prof) -> dict:
-    """(kernel name, start us) -> the outermost ``aten::`` op above the host call that
-    launched it, for the kernels the profiler ties to a host op (none in a CUDA graph)."""
+    """Kernel name -> the outermost ``aten::`` op above each host call that launched one,
+    in launch order, for the kernels the profiler ties to a host op (none in a CUDA graph)."""
     ops = {}
     for fe in prof.events():
         if fe.device_type != torch.autograd.DeviceType.CPU or not fe.kernels:
