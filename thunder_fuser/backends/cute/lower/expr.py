@@ -256,9 +256,9 @@ def _stored_before_reshape(seg: Segment, lw, stores: list, orders: dict) -> list
         found = None if st.domain or st.is_row or st.across else _after_reshape(st.target, made_by)
         if found is not None:
             src, chain = found
-            if (tuple(src.shape) in shapes - {tuple(st.target.shape)} and id(src) in lw.env
-                    and not isinstance(lw.env[id(src)], Reshaped) and _views_as(st.target, orders, tuple(src.shape))):
-                e = lw.env[id(src)]
+            e = lw.value(src) if src.is_tensor else None  # a value the segment made, or an input's load
+            if (tuple(src.shape) in shapes - {tuple(st.target.shape)} and e is not None
+                    and not isinstance(e, Reshaped) and _views_as(st.target, orders, tuple(src.shape))):
                 for node in chain:  # the elementwise ops after the reshape, applied before it
                     args = node.args[:1] if node.op == "convert_element_type" else node.args
                     e = _pointwise(node.op, tuple(a if _is_number(a) else e for a in args), node.output.dtype)
