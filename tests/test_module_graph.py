@@ -29,7 +29,7 @@ STAGES = [
      "backends.cute.compile_workers"),
     ("backends.cute.lower",),
     ("backends.cute.tiling",),
-    ("backends.cute.dsl",),
+    ("backends.cute.dsl", "backends.cute.kernel_names"),
     ("backends.cute.families",),
     ("backends.cute.legalize", "backends.cute.launch", "backends.cute.segment_kernel", "backends.cute.torch_eval"),
     ("plan",),  # the decisions for one input specialization
