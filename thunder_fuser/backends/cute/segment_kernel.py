@@ -26,6 +26,7 @@ from thunder_fuser.backends.cute.lower.expr import (
     Program,
     column_sums,
     lower_segment,
+    planned_strides,
     reductions_in_order,
     render,
     softmax_sums,
@@ -33,7 +34,6 @@ from thunder_fuser.backends.cute.lower.expr import (
 from thunder_fuser.backends.cute.tiling.geometry import Needs, geometry_or_needs
 from thunder_fuser.backends.cute.tiling.operands import Geometry
 from thunder_fuser.backends.cute.unsupported import Unsupported
-from thunder_fuser.layout import strides_for_order
 from thunder_fuser.segment.views import alias_views
 
 
@@ -141,8 +141,7 @@ class SegmentKernel:
             if id(v) in written:
                 part.allocs.append(None)
             else:
-                order = orders.get(id(v)) or tuple(range(v.ndim))
-                part.allocs.append((tuple(v.shape), strides_for_order(v.shape, order), v.dtype))
+                part.allocs.append((tuple(v.shape), planned_strides(v, orders), v.dtype))
         part.store_recipe = [(id(st.target), a) for st, a in zip(part.prog.stores, part.allocs)]
         stores = _allocate(part.store_recipe, env, device)
         _check_no_overlap(part, env, stores)

@@ -29,6 +29,7 @@ from thunder_fuser.backends.cute.lower.constants import Iotas, fill_number, find
 from thunder_fuser.backends.cute.unsupported import Unsupported
 from thunder_fuser.ir.ops import METADATA, POINTWISE, REDUCTION
 from thunder_fuser.ir.region import Node, Value
+from thunder_fuser.layout import strides_for_order
 from thunder_fuser.segment import Segment
 from thunder_fuser.segment.segmenter import seg_kind
 from thunder_fuser.segment.views import alias_views
@@ -286,13 +287,15 @@ def _after_reshape(v: Value, made_by: dict) -> tuple | None:
     return node.args[0], chain[::-1]
 
 
+def planned_strides(v: Value, orders: dict) -> tuple:
+    """The strides of fresh output ``v`` in the plan's order for it (row-major where none)."""
+    return strides_for_order(v.shape, orders.get(id(v)) or tuple(range(len(v.shape))))
+
+
 def _views_as(v: Value, orders: dict, shape: tuple) -> bool:
     """Does ``v``, allocated in its planned order, view as ``shape`` (torch's rule)?"""
-    from thunder_fuser.layout import strides_for_order
-
-    order = orders.get(id(v)) or tuple(range(len(v.shape)))
     try:
-        torch.empty_strided(tuple(v.shape), strides_for_order(v.shape, order), device="meta").view(shape)
+        torch.empty_strided(tuple(v.shape), planned_strides(v, orders), device="meta").view(shape)
     except RuntimeError:
         return False
     return True
