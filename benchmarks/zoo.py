@@ -245,11 +245,12 @@ OP_GROUPS = (
     ("loss", lambda w, t: any(m in t for m in ("log_softmax", "nll_loss", "logsumexp", "cross_entropy"))
      or {"log", "exp"} <= w),
     ("softmax", lambda w, t: "softmax" in t or {"exp", "amax"} <= w),
-    ("norm", lambda w, t: "rsqrt" in w or {"var", "mean"} <= w or "layer_norm" in t),
+    # a norm's forward (its rsqrt) and backward (the rsqrt's derivative: a pow, summed per row)
+    ("norm", lambda w, t: "rsqrt" in w or {"var", "mean"} <= w or {"pow", "sum"} <= w or "layer_norm" in t),
     ("activation", lambda w, t: bool(w & {"silu", "sigmoid", "gelu", "tanh", "erf", "relu"})
      or {"exp", "reciprocal"} <= w),
-    ("rope", lambda w, t: bool(w & {"cat", "neg"})),
     ("optimizer", lambda w, t: "lerp" in w or "foreach" in t or {"sqrt", "div"} <= w),
+    ("rope", lambda w, t: bool(w & {"cat", "neg"})),
     ("embedding", lambda w, t: "embedding" in t),
 )
 
@@ -281,6 +282,7 @@ def kernel_kinds(prof) -> dict:
     torch_kernels: dict[tuple, list] = {}
     groups: dict[str, dict] = {}  # op group -> kind (ours, triton) -> ms
     fused: dict[str, list] = {}  # a fused kernel's name without its operands -> [calls, ms]
+    matmuls: dict[str, list] = {}  # a matmul kernel's name (cuBLAS's tile and layout) -> [calls, ms]
     for e in sorted(kernels, key=lambda e: e.time_range.start):
         kind = kernel_kind(e.name)
         ms[kind] = ms.get(kind, 0.0) + e.device_time / 1e3
@@ -288,6 +290,10 @@ def kernel_kinds(prof) -> dict:
             by_kind = groups.setdefault(op_group(e.name), {})
             by_kind[kind] = by_kind.get(kind, 0.0) + e.device_time / 1e3
             hit = fused.setdefault(fused_name(e.name), [0, 0.0])
+            hit[0] += 1
+            hit[1] += e.device_time / 1e3
+        if kind == "matmul":
+            hit = matmuls.setdefault(e.name[:120], [0, 0.0])
             hit[0] += 1
             hit[1] += e.device_time / 1e3
         if kind == "torch":
@@ -302,6 +308,10 @@ def kernel_kinds(prof) -> dict:
             "gpu_ms_by_group": {g: {k: round(v, 3) for k, v in sorted(kinds.items())} for g, kinds in sorted(groups.items())},
             "fused_kernels": [{"name": n, "group": op_group(n), "calls": c, "ms": round(t, 3)}
                               for n, (c, t) in sorted(fused.items(), key=lambda kv: -kv[1][1])[:40]],
+            # the same matmuls in two contenders take the same cuBLAS kernels (H200, Llama-3.2-3B at 2
+            # layers: torch.compile's and ours alike); a matmul column apart says which ran longer
+            "matmul_kernels": [{"name": n, "calls": c, "ms": round(t, 3)}
+                               for n, (c, t) in sorted(matmuls.items(), key=lambda kv: -kv[1][1])[:20]],
             "torch_kernels": [{"name": n, "op": op, "calls": c, "ms": round(t, 3), "why": left_outside_why(n, op)}
                               for (n, op), (c, t) in left[:20]],
             **idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in kernels])}

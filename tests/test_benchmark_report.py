@@ -387,6 +387,24 @@ def test_zoo_ties_each_torch_kernel_to_the_op_that_launched_it():
         ("aten::embedding_backward", 0.15, False), ("aten::add", 0.007, True)]
 
 
+def test_zoo_lists_the_matmul_kernels_by_name():
+    """Two contenders' matmul columns apart: the kernels cuBLAS ran for each, with calls and time."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    from benchmarks.zoo import kernel_kinds
+
+    def device(name, start, us):
+        return NS(name=name, device_type=DeviceType.CUDA, device_time=us, time_range=NS(start=start, end=start + us))
+
+    tile = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+    events = [device(tile, 0, 300), device("nvjet_sm90_tst_192x192_64x3_1x2_h_bz_coopB_NTN", 400, 100),
+              device(tile, 600, 200), device("fuser_rows_add_kernel_cutlass_kernel_tensorptrbf16", 900, 50)]
+    assert kernel_kinds(NS(events=lambda: events))["matmul_kernels"] == [
+        {"name": tile, "calls": 2, "ms": 0.5}, {"name": "nvjet_sm90_tst_192x192_64x3_1x2_h_bz_coopB_NTN", "calls": 1, "ms": 0.1}]
+
+
 def test_zoo_kernels_are_told_apart_by_name():
     from benchmarks.zoo import kernel_kind
 
@@ -446,12 +464,15 @@ def test_zoo_puts_our_kernels_and_inductors_in_the_same_op_groups():
         "norm": ("fuser_rows_add_mean_mul_rsqrt_sum", "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0"),
         "activation": ("fuser_pointwise_add_exp_mul_neg_reciprocal", "triton_poi_fused_mul_silu_3"),
         "rope": ("fuser_pointwise_add_cat_mul_neg", "triton_poi_fused_add_cat_mul_neg_slice_split_with_sizes_1"),
-        "optimizer": ("fuser_pointwise_group_add_div_lerp_mul_pow_sqrt_sub", "triton_for_fused__foreach_addcdiv_0"),
+        "optimizer": ("fuser_pointwise_group_add_div_lerp_mul_neg_pow_sqrt_sub", "triton_for_fused__foreach_addcdiv_0"),
         "other": ("fuser_pointwise_add", "triton_poi_fused_add_2"),
     }
     for group, (ours, inductors) in pairs.items():
         assert (op_group(ours + tail), op_group(inductors)) == (group, group), group
     assert op_group("fuser_rows_and_columns_add_mul_rsqrt_sum" + tail.replace("kernel_tensor", "partial_tensor")) == "norm"
+    # a norm's backward, its weight's gradient summed per column or not
+    assert op_group("fuser_rows_and_columns_add_div_mul_pow_sum" + tail.replace("kernel_tensor", "partial_tensor")) == \
+        op_group("triton_per_fused__to_copy_add_div_expand_mul_pow_sum_view_4") == "norm"
     assert op_group("nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_TNT") == "other"  # a matmul is in no group
     from benchmarks.zoo import fused_name
 

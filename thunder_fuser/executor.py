@@ -36,7 +36,8 @@ from thunder_fuser.rules.cross_entropy import STANDALONE
 from thunder_fuser.rules.cross_entropy import register as register_losses
 from thunder_fuser.passes.trace_notes import lift_notes, place_notes
 from thunder_fuser.functionalize import functionalize
-from thunder_fuser.ir.cat_before_reshape import cat_before_reshape
+from thunder_fuser.ir.cat_before_reshape import cat_before_reshape, pad_before_reshape
+from thunder_fuser.ir.empty_pads import pads_of_empty_as_numbers
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
 from thunder_fuser.ir.long_reductions import long_reductions_in_stages
 from thunder_fuser.ir.ops import SUPPORTED
@@ -160,7 +161,9 @@ class FuserExecutor(FusionExecutor):
         functionalize(ir)
         same_values(ir)
         read_scalars_unbroadcast(ir)
+        pads_of_empty_as_numbers(ir)
         cat_before_reshape(ir)
+        pad_before_reshape(ir)
         small_reductions_as_pointwise(ir)
         long_reductions_in_stages(ir)
         reshape_first(ir)

@@ -14,6 +14,11 @@ The rewrite applies where every piece is the reshape of a transpose (the case no
 express; elsewhere the reshape is usually a view already and the longer rows of the
 merged dim suit the kernel better) and each piece's reshape only merges dims into the
 concatenated one.
+
+A pad is a cat with zeros, and thunder writes the backward of a split as pads of each
+piece's gradient (transformers' Phi3: q's gradient padded into the fused projection's,
+``pad(reshape(transpose(dq)))``): the same rewrite pads along the outer merged dim first
+where the pad's widths are whole runs of the inner dims (``pad_before_reshape``).
 """
 
 from __future__ import annotations
@@ -68,6 +73,51 @@ def cat_before_reshape(region: Region) -> None:
                 Node("reshape", (joined, tuple(node.output.shape)), {}, node.outputs),
             ]
             dropped.update(id(r) for r, _ in sources)
+    if not rewritten:
+        return
+    nodes = []
+    for n in region.nodes:
+        if id(n) in dropped:
+            continue
+        nodes.extend(rewritten.get(id(n), [n]))
+    region.nodes = nodes
+
+
+def pad_before_reshape(region: Region) -> None:
+    """``pad(reshape(transpose(x)))`` along one merged dim, by whole runs of the dims merged
+    inside it, becomes ``reshape(pad(transpose(x)))`` (module docstring)."""
+    producer = region.producers()
+    uses = region.consumers()
+    out_ids = {id(v) for v in region.outputs}
+    rewritten: dict[int, list[Node]] = {}
+    dropped: set[int] = set()
+    for node in region.nodes:
+        if node.op != "pad" or len(node.args) != 3:
+            continue
+        x, value, config = node.args
+        widened = [i for i, (lo, hi, inner) in enumerate(config) if (lo, hi, inner) != (0, 0, 0)]
+        r = producer.get(id(x)) if isinstance(x, Value) else None
+        if len(widened) != 1 or r is None or r.op != "reshape" or id(x) in out_ids or len(uses.get(id(x), ())) != 1:
+            continue
+        (d,) = widened
+        lo, hi, interior = config[d]
+        q = r.args[0]
+        t = producer.get(id(q))
+        group = _merge_group(tuple(q.shape), tuple(x.shape), d)
+        if t is None or t.op != "transpose" or group is None or interior != 0 or lo < 0 or hi < 0:
+            continue
+        run = math.prod(q.shape[group[0] + 1:group[1]])
+        if lo % run or hi % run:
+            continue
+        shape = list(q.shape)
+        shape[d] += (lo + hi) // run
+        padded = Value(f"{node.output.name}_split", tuple(shape), node.output.dtype)
+        widths = tuple((lo // run, hi // run, 0) if i == d else (0, 0, 0) for i in range(len(shape)))
+        rewritten[id(node)] = [
+            Node("pad", (q, value, widths), {}, (padded,)),
+            Node("reshape", (padded, tuple(node.output.shape)), {}, node.outputs),
+        ]
+        dropped.add(id(r))
     if not rewritten:
         return
     nodes = []

@@ -416,6 +416,15 @@ class _Writer:
                 self.kernel(k, seg.index)
 
     def kernel(self, k: SegmentKernel, segment: int | None = None) -> None:
+        if k.shared is not None:  # its parts in one launch (``segment_kernel.shares_launch``)
+            self.using = []
+            calls = [self.part_views(k, part, segment) for part in k.parts]
+            used, self.using = self.using, None
+            writes, self.writing = bool(k.write_outs) or self.writing, False
+            self.note_device(k)
+            self.body.append(_Launch(f"{self.const(k.shared, 'group')}(({''.join(c + ', ' for c in calls)}))", used, writes))
+            self.finish(k)
+            return
         for part in k.parts:
             self.using = []
             views = self.part_views(k, part, segment)

@@ -48,6 +48,10 @@ class SegmentKernel:
         self.orders = orders
         self.write_outs: list = []  # (node output value, dst value) pairs
         self.columns_apart = ""  # why the segment's sums per column run apart from its rows (``columns_apart``)
+        # independent pointwise parts (one per shape: RoPE's q and k, a cat's pieces) share one
+        # launch (``shares_launch``); ``shared`` is its function once built
+        self.shares = False
+        self.shared = None
 
     def notes(self) -> list[str]:
         """How this segment's kernels depart from the plain templates: reductions split
@@ -55,6 +59,8 @@ class SegmentKernel:
         shared memory (a tiled transpose), reductions in two stages. The plan records them
         when it prepares the kernel, for ``explain``."""
         notes = []
+        if self.shares:
+            notes.append(f"runs its {len(self.parts)} programs (one per shape) in one launch")
         if self.columns_apart:
             notes.append(f"takes its sums per column in a reduction of their own after its rows ({self.columns_apart})")
         for part in self.parts:
@@ -113,6 +119,7 @@ class SegmentKernel:
             legal = legalize(plain, place)
         self.parts, self.columns_apart = legal.parts, legal.columns_apart
         _check_no_read_after_an_earlier_write(self.parts, written, env)
+        self.shares = shares_launch(self.parts)
         if compile_now:
             self.compile(defer)
 
@@ -122,15 +129,25 @@ class SegmentKernel:
         without it. A member of a shared launch compiles its own only if it must launch
         alone: the group failed to build, or a call's pointers broke the vector alignment
         of another member."""
-        if self.mode == "cute":
-            for part in self.parts:
-                if part.fn is None:
-                    part.fn = compile_program(part.prog, part.geo, self.device, defer)
+        if self.mode != "cute":
+            return
+        if self.shares and self.shared is None:
+            try:
+                self.shared = compile_group(self.parts, self.device, defer)
+                return
+            except Exception:  # noqa: BLE001 - the parts still run, one launch each
+                self.shares = False
+        for part in self.parts:
+            if part.fn is None:
+                part.fn = compile_program(part.prog, part.geo, self.device, defer)
 
     @property
     def ready(self) -> bool:
-        """Can ``run`` launch: every part's kernel built (the torch mode needs none)."""
-        return self.mode != "cute" or all(part.fn is not None for part in self.parts)
+        """Can ``run`` launch: its shared launch or every part's kernel built (the torch mode
+        needs none)."""
+        if self.mode != "cute":
+            return True
+        return self.shared is not None if self.shares else all(part.fn is not None for part in self.parts)
 
     def _prepare_part(self, part: Part, env, written: set, device, orders) -> Needs | None:
         """Lay ``part`` out for the tensors in ``env``: its stores' allocations and its
@@ -177,13 +194,14 @@ class SegmentKernel:
         launches = []
         for part in self.parts:
             views = self.part_views(part, env)
-            if views is None:
-                if not launches:
-                    return False
-                raise RuntimeError(f"segment {self.seg.index}: operands lost alignment between launches")
+            if views is None:  # nothing has launched yet: the reference backend runs the segment
+                return False
             launches.append((part, views))
-        for part, views in launches:
-            self._launch(part, views)
+        if self.shared is not None:
+            self.shared(tuple(views for _, views in launches))
+        else:
+            for part, views in launches:
+                self._launch(part, views)
         self.finish(env)
         return True
 
@@ -263,6 +281,23 @@ class LaunchGroup:
         for k in self.kernels:
             k.finish(env)
         return True
+
+
+def shares_launch(parts: list) -> bool:
+    """May a segment's parts run as one launch (``pointwise.build_pointwise_group``): two or
+    more pointwise programs, each a plain launch (no workspace, no shared-memory tile,
+    32-bit indices), none reading what another stores and none writing in place (their
+    threads run in any order)."""
+    if len(parts) < 2:
+        return False
+    stored = {id(st.target) for p in parts for st in p.prog.stores}
+    for p in parts:
+        g = p.geo
+        if p.prog.family != "pointwise" or g.columns or g.stage or g.index64 or g.splits or p.workspace is not None:
+            return False
+        if any(a is None for a in p.allocs) or any(id(ld.source) in stored for ld in p.prog.loads):
+            return False
+    return True
 
 
 def launch_group(kernels: list, defer: bool = False) -> tuple[LaunchGroup | None, str]:
