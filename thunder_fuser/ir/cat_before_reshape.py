@@ -73,14 +73,7 @@ def cat_before_reshape(region: Region) -> None:
                 Node("reshape", (joined, tuple(node.output.shape)), {}, node.outputs),
             ]
             dropped.update(id(r) for r, _ in sources)
-    if not rewritten:
-        return
-    nodes = []
-    for n in region.nodes:
-        if id(n) in dropped:
-            continue
-        nodes.extend(rewritten.get(id(n), [n]))
-    region.nodes = nodes
+    _replace(region, rewritten, dropped)
 
 
 def pad_before_reshape(region: Region) -> None:
@@ -118,6 +111,11 @@ def pad_before_reshape(region: Region) -> None:
             Node("reshape", (padded, tuple(node.output.shape)), {}, node.outputs),
         ]
         dropped.add(id(r))
+    _replace(region, rewritten, dropped)
+
+
+def _replace(region: Region, rewritten: dict, dropped: set) -> None:
+    """``region``'s nodes with each rewritten node's replacement and the dropped ones gone."""
     if not rewritten:
         return
     nodes = []
