@@ -63,3 +63,15 @@ def test_a_pad_of_merged_dims_by_part_of_a_run_stays_a_pad_of_the_merge(torch_ke
 
     jfn, _ = check_vs_eager(fn, torch.randn(2, 4, 8, 16), executors=[fuser_ex])
     assert "_split = prims.pad" not in str(thunder.last_traces(jfn)[-1])
+
+
+def test_a_division_by_a_pad_of_an_empty_tensor_keeps_the_tensor(torch_kernels):
+    """A number divisor may be taken as a product with its reciprocal (torch on CUDA): not
+    eager's bits, so a division keeps reading the pad."""
+    def fn(y, tail):
+        return y / F.pad(tail, (0, y.shape[-1]), value=3.0)
+
+    y, tail = torch.randn(4, 16), torch.randn(4, 0)
+    jfn = thunder.jit(fn, executors=[fuser_ex])
+    assert torch.equal(jfn(y, tail), fn(y, tail))
+    assert "prims.pad" in str(thunder.last_traces(jfn)[-1])

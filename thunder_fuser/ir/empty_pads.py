@@ -9,8 +9,8 @@ that reads it and the cat of q's, k's and v's gradients after it followed into t
 segment: q's and k's gradients crossed between the two in fp32 (litgpt's Qwen2.5-1.5B, a
 layer at 2 x 2048 tokens: 243 MB moved where 92 do, four launches where one does).
 
-Every element of such a pad is its padding value. An elementwise op of two operands that
-reads it beside a tensor of the op's shape and of the pad's dtype reads that number
+Every element of such a pad is its padding value. An elementwise op of two operands
+(``_EXACT``) that reads it beside a tensor of the op's shape and of the pad's dtype reads that number
 instead: ``x + 0.0`` computes the same bits as ``x + zeros`` (the number is the padding
 value as the pad's dtype holds it, cast as the pad's casts cast it). The pads, their casts
 and the empty tensors go where nothing else reads them.
@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from thunder_fuser.ir.ops import BINARY
 from thunder_fuser.ir.region import Region, Value
 
 _FOLDED = ("pad", "convert_element_type", "full")
+# ops whose number operand gives the bits a tensor of that number gives: not ``div`` (torch
+# divides by a number as a product with its reciprocal on CUDA) nor ``pow`` (a number
+# exponent takes special cases: 2 squares, 0.5 is a square root)
+_EXACT = ("add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge")
 
 
 def _number(v) -> bool:
@@ -51,7 +54,7 @@ def pads_of_empty_as_numbers(region: Region) -> None:
     if not number:
         return
     for node in region.nodes:
-        if node.op not in BINARY or len(node.outputs) != 1 or len(node.args) != 2:
+        if node.op not in _EXACT or len(node.outputs) != 1 or len(node.args) != 2:
             continue
         out = node.outputs[0]
         args = list(node.args)
