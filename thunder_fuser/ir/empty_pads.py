@@ -6,8 +6,10 @@ the rest on: ``cat((rotated, x[..., rope_n_elem:]), -1)``. Where every dim is ro
 ``pad(full((..., 0)), 0.0, ...)``, zeros over the whole head, added to the rotated part's
 gradient. As a tensor over an iteration domain of its own it opened a segment, and the add
 that reads it and the cat of q's, k's and v's gradients after it followed into that
-segment: q's and k's gradients crossed between the two in fp32 (litgpt's Qwen2.5-1.5B, a
-layer at 2 x 2048 tokens: 243 MB moved where 92 do, four launches where one does).
+segment: q's and k's gradients crossed between the two in fp32 (litgpt's Qwen2.5-1.5B at
+2 x 2048 tokens, cos and sin aside: a layer that slices its own cos and sin moved 118 MB in
+four launches where one launch moves 55; every other layer 176 MB in five launches, 118 in
+four with this rule).
 
 Every element of such a pad is its padding value. An elementwise op of two operands
 (``_EXACT``) that reads it beside a tensor of the op's shape and of the pad's dtype reads that number
