@@ -251,13 +251,13 @@ def test_the_rotary_backward_of_grouped_keys_is_one_kernel_into_the_projections_
     assert ptx_text(segment_kernel.compile_group(k.parts, None)).count(".entry") == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a view of a region input opens a segment its readers cannot join (next fix)")
 def test_the_rotation_of_cos_and_sin_sliced_before_the_region_is_one_launch(torch_kernels):
     """litgpt slices its cos and sin cache once for all layers: every layer but the first
-    gets them as region inputs, viewed as ``[1, 1, s, d]`` and broadcast over the heads.
-    That view opens a segment of its own, and the rotation splits into the rotated halves
-    stored in fp32 and a second kernel reading them back (the H200's zoo: the
-    ``cat_neg`` and ``pointwise_group_add_mul`` kernels of every layer of Qwen2.5-1.5B)."""
+    gets them as region inputs, viewed as ``[1, 1, s, d]``, broadcast over the heads and
+    cast. Those views once opened segments of their own, and the rotation split into the
+    rotated halves stored in fp32 and a second kernel reading them back (the H200's zoo:
+    the ``cat_neg`` and ``pointwise_group_add_mul`` kernels of every layer of
+    Qwen2.5-1.5B); each segment that reads them now computes them (``segmenter._floats``)."""
     from helpers import plans
 
     torch.manual_seed(0)

@@ -15,6 +15,7 @@ from helpers import check_vs_eager
 from thunder_fuser import explain, fuser_ex
 from thunder_fuser.backends.reference import run_nodes
 from thunder_fuser.ir.region import Node, Region, Value
+from thunder_fuser.segment.segmenter import _FLOATING
 from thunder_fuser.inspect.printing import op_line
 from thunder_fuser.segment import schedule_segments, segment_region
 
@@ -58,13 +59,17 @@ def _fresh_inputs():
 def test_segments_partition_the_region_acyclically_and_compute_the_same_values(region):
     segments = segment_region(region)
     # every node in at most one segment; the others are copies in reduction segments, which
-    # recompute their cheap inputs (segment/recompute.py) or read those copies
+    # recompute their cheap inputs (segment/recompute.py), copies of views and casts of
+    # region inputs in each segment that reads them (``segmenter._floats``), or nodes that
+    # read those copies
     originals = {id(n) for n in region.nodes}
     placed = [n for s in segments for n in s.nodes]
     assert len({id(n) for n in placed}) == len(placed)
     made = Counter(id(o) for n in placed for o in n.outputs)
     assert all(made[id(o)] == 1 for n in region.nodes for o in n.outputs if id(o) in made)
-    assert all(s.kind == "reduction" for s in segments for n in s.nodes if id(n) not in originals)
+    copied = {id(o) for s in segments for n in s.nodes if id(n) not in originals for o in n.outputs}
+    assert all(s.kind == "reduction" or n.op in _FLOATING or any(id(v) in copied for v in n.inputs())
+               for s in segments for n in s.nodes if id(n) not in originals)
     # every node whose output a later segment or the region reads is placed
     needed = {id(v) for n in placed for v in n.inputs()} | {id(o) for o in region.outputs}
     assert all(id(o) in made for n in region.nodes for o in n.outputs if id(o) in needed)

@@ -294,7 +294,13 @@ def segment_region(region: Region) -> list[Segment]:
     barrier = -1  # index of the newest alias/reference segment: nothing joins before it
     writes = any(seg_kind(n) in ("write", "alias") for n in region.nodes)
     producer = {id(o): n for n in region.nodes for o in n.outputs}
+    floating: dict[int, Node] = {}  # value id -> the view or cast of region inputs that makes it
+    placed: dict[tuple[int, int], Value] = {}  # (id(segment), value id) -> its copy in that segment
+    returned = {id(v) for v in region.outputs}
     for node in region.nodes:
+        if not writes and _floats(node, floating, producer, returned):
+            floating[id(node.outputs[0])] = node
+            continue
         k = seg_kind(node)
         producer_segs = list({id(seg_of[id(v)]): seg_of[id(v)] for v in node.inputs() if id(v) in seg_of}.values())
         if len(producer_segs) >= 2 and barrier < 0 and not writes:
@@ -310,6 +316,8 @@ def segment_region(region: Region) -> list[Segment]:
             target = new_segment(node, kind, reason)
             if kind == "alias":
                 barrier = target.index
+        if any(id(v) in floating for v in node.inputs()):
+            node = _with_floating(node, target, floating, placed, seg_of, dom)
         _add(target, node, dom[id(node)])
         for o in node.outputs:
             seg_of[id(o)] = target
@@ -382,6 +390,54 @@ def _hoist_per_row_values(producer_segs: list[Segment], segments: list[Segment],
         for i, sg in enumerate(segments):
             sg.index = i
         producer_segs.remove(newer)
+
+
+# views and casts of region inputs: no segment of their own; each segment that reads one
+# computes it (a copy per segment), as its kernel reads the input through it
+_FLOATING = ("broadcast_in_dim", "reshape", "squeeze", "transpose", "convert_element_type")
+
+
+def _floats(node: Node, floating: dict, producer: dict, returned: set) -> bool:
+    """Is ``node`` a view or cast of region inputs (or of such values) the region does not
+    return? Those have no segment of their own: litgpt's cos and sin, sliced once for every
+    layer, reach each layer's RoPE as region inputs viewed ``[1, 1, s, d]``, broadcast over
+    the heads and cast; placed where they appear they opened segments that the rotation's
+    multiply then joined, and the rotated halves went through memory in fp32 between two
+    kernels (the H200's zoo: ``cat_neg`` and ``pointwise_group_add_mul`` in every layer)."""
+    if node.op not in _FLOATING or len(node.outputs) != 1 or id(node.outputs[0]) in returned:
+        return False
+    tensors = node.tensor_inputs()
+    return bool(tensors) and all(id(v) in floating or id(v) not in producer for v in tensors)
+
+
+def _with_floating(node: Node, target: Segment, floating: dict, placed: dict, seg_of: dict, dom: dict) -> Node:
+    """``node`` reading its floating inputs as made in ``target``: their nodes go into
+    ``target`` first (copies with values of their own where another segment has them)."""
+    clones: dict[int, Value] = {}
+
+    def make(v: Value) -> Value:
+        key = (id(target), id(v))
+        if key in placed:
+            return placed[key]
+        n = floating[id(v)]
+        for a in n.tensor_inputs():
+            if id(a) in floating:
+                clones[id(a)] = make(a)
+        first = not any(k[1] == id(v) for k in placed)
+        out = v if first else Value(f"{v.name}_f{target.index}", v.shape, v.dtype, v.is_tensor, v.broadcast_dims)
+        copy = reading_clones(n, clones, (out,))
+        dom[id(copy)] = dom[id(n)]
+        _add(target, copy, dom[id(copy)])
+        seg_of[id(out)] = target
+        placed[key] = out
+        return out
+
+    for v in node.inputs():
+        if id(v) in floating:
+            clones[id(v)] = make(v)
+    reading = reading_clones(node, clones, node.outputs)
+    dom[id(reading)] = dom[id(node)]
+    return reading
 
 
 def _reads_from(seg: Segment, seg_of: dict) -> list:
