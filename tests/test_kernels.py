@@ -561,7 +561,10 @@ def test_sums_per_column_run_apart_where_the_rows_are_not_innermost(torch_kernel
 def test_a_sum_over_the_rows_met_before_the_row_sum_keeps_a_segment_of_its_own(torch_kernels):
     """The segmenter cannot tell a row from a column: a sum per column joins a segment whose
     rows end at the last dim, and only after its row sum (a column sum met first would
-    otherwise take the rows in as sums per column)."""
+    otherwise take the rows in as sums per column). The bias gradient, met first, keeps a
+    segment of its own; the weight gradient, met after the row sum, is taken per column
+    beside it (once the casts and broadcasts of the inputs no longer placed it with the
+    bias gradient: ``segmenter._floats``)."""
 
     def columns_first(x, w, g, rstd):
         db = g.sum(0)
@@ -570,7 +573,7 @@ def test_a_sum_over_the_rows_met_before_the_row_sum_keeps_a_segment_of_its_own(t
 
     jfn, _ = check_vs_float64(columns_first, *norm_backward_args((16, 64)))
     segs = [s.describe() for r in _fusions_of(jfn) for s in r.segments]
-    assert segs == ["reduction: sum over dims (0,)", "normalization: sum over dims (1,)"], segs
+    assert segs == ["reduction: sum over dims (0,)", "normalization: sum over dims (1,), sum over dims (0,) per column"], segs
 
 
 def _fusions_of(jfn):
