@@ -295,7 +295,7 @@ def segment_region(region: Region) -> list[Segment]:
     writes = any(seg_kind(n) in ("write", "alias") for n in region.nodes)
     producer = {id(o): n for n in region.nodes for o in n.outputs}
     floating: dict[int, Node] = {}  # value id -> the view or cast of region inputs that makes it
-    placed: dict[tuple[int, int], Value] = {}  # (id(segment), value id) -> its copy in that segment
+    placed: dict[int, dict[int, Value]] = {}  # value id -> id(segment) -> its copy there
     returned = {id(v) for v in region.outputs}
     for node in region.nodes:
         if not writes and _floats(node, floating, producer, returned):
@@ -416,20 +416,19 @@ def _with_floating(node: Node, target: Segment, floating: dict, placed: dict, se
     clones: dict[int, Value] = {}
 
     def make(v: Value) -> Value:
-        key = (id(target), id(v))
-        if key in placed:
-            return placed[key]
+        homes = placed.setdefault(id(v), {})
+        if id(target) in homes:
+            return homes[id(target)]
         n = floating[id(v)]
         for a in n.tensor_inputs():
             if id(a) in floating:
                 clones[id(a)] = make(a)
-        first = not any(k[1] == id(v) for k in placed)
-        out = v if first else Value(f"{v.name}_f{target.index}", v.shape, v.dtype, v.is_tensor, v.broadcast_dims)
+        out = v if not homes else Value(f"{v.name}_f{target.index}", v.shape, v.dtype, v.is_tensor, v.broadcast_dims)
         copy = reading_clones(n, clones, (out,))
         dom[id(copy)] = dom[id(n)]
         _add(target, copy, dom[id(copy)])
         seg_of[id(out)] = target
-        placed[key] = out
+        homes[id(target)] = out
         return out
 
     for v in node.inputs():
