@@ -24,6 +24,7 @@ from thunder.extend import FusionExecutor, register_executor
 
 from thunder_fuser.inspect import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
+from thunder_fuser.passes.communication_schedule import schedule_communication
 from thunder_fuser.passes.dead_inputs import dead_inputs
 from thunder_fuser.passes.eager_decompositions import eager_decompositions
 from thunder_fuser.passes.eager_decompositions import register as register_eager_rules
@@ -199,6 +200,9 @@ class FuserExecutor(FusionExecutor):
         noted.bound_symbols, notes = lift_notes(trace.bound_symbols)
         ours = {id(b) for b in noted.bound_symbols if self.can_fuse(b)}  # asked once: both passes ask often
         claimed = lambda b: id(b) in ours  # noqa: E731
+        # a wait and what is made of its result alone go to their first reader, before the
+        # partition: the ops we claim there then join that reader's region
+        noted.bound_symbols = schedule_communication(noted.bound_symbols, hoist=False)
         noted.bound_symbols = hoist_externs(hoist_views(noted.bound_symbols, claimed), claimed)
         if _dissolving():
             noted.bound_symbols, released = dissolve_runs(noted.bound_symbols, claimed)
@@ -216,6 +220,7 @@ class FuserExecutor(FusionExecutor):
         out.bound_symbols = place_notes(fused, notes)
         out = rematerialize_if_safe(out)
         out = dce(out)
+        out.bound_symbols = schedule_communication(out.bound_symbols)
         # the fusions are built again, for the final trace: now each knows which of its
         # outputs a matmul reads, and lays them out for it
         self._matmul_reads = matmul_reads(_matmul_calls(out.bound_symbols))

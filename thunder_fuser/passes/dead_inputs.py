@@ -9,7 +9,8 @@ once it has read them: written over them, the gradient costs no second buffer of
 input qualifies here, from the trace alone, when nothing after the fusion reads it, the
 trace does not return it, and the trace made it itself or unpacked it from the tensors its
 forward saved (never a cotangent, ``get_grad``'s: autograd may hand one tensor to several
-functions; never an input of the trace: it is the caller's). Traces that write in place
+functions; never an input of the trace: it is the caller's). What an async collective sends
+is read until its ``wait``, not only where the collective is called. Traces that write in place
 donate nothing. The run-time half (``runtime/donation.py``) then checks that only the trace
 holds the tensor.
 """
@@ -21,6 +22,7 @@ from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_flatten
 from thunder.core.trace import TraceCtx
 
+from thunder_fuser.passes.communication_schedule import future_inputs, is_wait
 from thunder_fuser.passes.rematerialize import writes_in_place
 
 _SAVED = "saved_for_backward"
@@ -84,10 +86,13 @@ def dead_inputs(trace: TraceCtx) -> dict[tuple[str, ...], frozenset[str]]:
     returned = {p.name for p in _proxies(trace.output)}
     read_after: set[str] = set()
     out: dict[tuple[str, ...], frozenset[str]] = {}
+    sent = future_inputs(trace.bound_symbols)
     for b in reversed(_in_execution_order(trace)):
         if b.sym.id in _NOT_READS:
             continue
         args = {p.name for p in b.flat_proxy_args if isinstance(p, TensorProxy)}
+        if is_wait(b):  # an async collective reads its inputs until its wait
+            args |= sent.get(b.flat_proxy_args[0].name, set()) if b.flat_proxy_args else set()
         if b.sym.is_fusion:
             key = tuple(p.name for p in b.flat_proxy_outs)
             out[key] = frozenset(n for n in args if n in made and n not in returned and n not in read_after)
