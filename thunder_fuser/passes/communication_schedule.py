@@ -15,7 +15,7 @@ fusion: a list schedule of the fused trace that
   place in the trace;
 - emits a ``wait`` just before the first op that reads what it returns (or before the
   return, where nothing else does);
-- keeps every other op in its order.
+- keeps every other op in its order (random draws never move).
 
 It moves nothing where any op writes in place: an async collective reads its inputs until
 its wait, and a write the schedule moved past could change what it sends.
@@ -23,6 +23,7 @@ its wait, and a write the schedule moved past could change what it sends.
 
 from __future__ import annotations
 
+from thunder.core.prims import OpTags
 from thunder.core.symbol import BoundSymbol
 
 from thunder_fuser.passes.rematerialize import writes_in_place
@@ -64,7 +65,7 @@ def schedule_communication(bsyms: list[BoundSymbol], hoist: bool = True) -> list
         if is_collective(b):
             target[i] = i
             continue
-        if is_wait(b) or not readers[i] or not b.flat_proxy_outs:
+        if is_wait(b) or not readers[i] or not b.flat_proxy_outs or _random(b):
             continue
         goes_to = {target[r] for r in readers[i]}
         if len(goes_to) == 1 and None not in goes_to:
@@ -74,14 +75,27 @@ def schedule_communication(bsyms: list[BoundSymbol], hoist: bool = True) -> list
     # cast): each runs just before its first reader, or it would wait for its collective early
     lazy = [False] * len(bsyms)
     for i, b in enumerate(bsyms):
-        lazy[i] = is_wait(b) or (not is_collective(b) and any(lazy[d] for d in reads[i])
-                                 and all(lazy[d] or _unpacks(bsyms[d]) for d in reads[i]))
+        lazy[i] = is_wait(b) or (not is_collective(b) and not _random(b) and bool(reads[i])
+                                 and all(lazy[d] for d in reads[i]))
 
     done = [False] * len(bsyms)
     out: list[BoundSymbol] = []
 
     def ready(i: int) -> bool:
-        return all(done[d] or (lazy[d] and ready(d)) for d in reads[i])
+        """Are ``i``'s inputs made, or lazy ops whose inputs are (each asked once a query)?"""
+        seen: dict[int, bool] = {}
+
+        def can(d: int) -> bool:
+            if done[d]:
+                return True
+            if not lazy[d]:
+                return False
+            if d not in seen:
+                seen[d] = False  # a lazy op is asked before its inputs are known: not yet
+                seen[d] = all(can(e) for e in reads[d])
+            return seen[d]
+
+        return all(can(d) for d in reads[i])
 
     def emit(i: int) -> None:
         for d in reads[i]:
@@ -103,8 +117,9 @@ def schedule_communication(bsyms: list[BoundSymbol], hoist: bool = True) -> list
     return out
 
 
-def _unpacks(b: BoundSymbol) -> bool:
-    return b.sym.name.startswith("unpack")
+def _random(b: BoundSymbol) -> bool:
+    """A draw from torch's generator: random ops keep their order among themselves."""
+    return any(OpTags.RANDOM_OP in (x.sym.tags or ()) for x in (b, *b.subsymbols))
 
 
 def future_inputs(bsyms: list[BoundSymbol]) -> dict[str, set[str]]:
