@@ -59,23 +59,41 @@ def _wrap(kind: str, module, device, bucketing: str = "none"):
                 bucketing_strategy=getattr(FSDPBucketingStrategy, bucketing.upper()))
 
 
-def _hidden_fraction(prof) -> float | None:
-    """Of the NCCL kernels' device time, the part during which a compute kernel also runs."""
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _overlap(spans: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
+    """The time of ``spans`` (disjoint, sorted) that ``cover`` (disjoint, sorted) also covers."""
+    total, j = 0.0, 0
+    for a, b in spans:
+        while j < len(cover) and cover[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(cover) and cover[k][0] < b:
+            total += min(b, cover[k][1]) - max(a, cover[k][0])
+            k += 1
+    return total
+
+
+def _comm_profile(prof) -> dict:
+    """Of one profiled step's device timeline (ms): the time some compute kernel runs, the
+    time some NCCL kernel runs, and the NCCL time no compute kernel covers (exposed); hidden
+    is the NCCL time under compute over the NCCL time."""
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    comm = [(e.time_range.start, e.time_range.end) for e in kernels if "nccl" in e.name.lower()]
-    work = sorted((e.time_range.start, e.time_range.end) for e in kernels if "nccl" not in e.name.lower())
-    total = sum(b - a for a, b in comm)
-    if not total:
-        return None
-    covered = 0.0
-    for a, b in comm:
-        for s, e in work:
-            if e <= a:
-                continue
-            if s >= b:
-                break
-            covered += min(b, e) - max(a, s)
-    return round(min(covered / total, 1.0), 3)
+    comm = _union([(e.time_range.start, e.time_range.end) for e in kernels if "nccl" in e.name.lower()])
+    work = _union([(e.time_range.start, e.time_range.end) for e in kernels if "nccl" not in e.name.lower()])
+    comm_us = sum(b - a for a, b in comm)
+    under = _overlap(comm, work)
+    return {"comm_hidden": round(under / comm_us, 3) if comm_us else None, "comm_ms": round(comm_us / 1000, 2),
+            "comm_exposed_ms": round((comm_us - under) / 1000, 2),
+            "compute_busy_ms": round(sum(b - a for a, b in work) / 1000, 2)}
 
 
 def _rank(rank: int, world: int, port: int, a, queue) -> None:
@@ -142,13 +160,15 @@ def _rank(rank: int, world: int, port: int, a, queue) -> None:
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     step()
                     torch.cuda.synchronize()
-                r["comm_hidden"] = _hidden_fraction(prof)
+                r.update(_comm_profile(prof))
         except Exception as e:  # noqa: BLE001 - a failing contender is reported
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             traceback.print_exc()
         out[kind] = r
         if rank == 0:
             print(f"[{world} rank(s)] {kind}: {r}", flush=True)
+            with open(os.path.join(a.out, "distributed.partial.jsonl"), "a") as f:  # what a timed-out run keeps
+                f.write(json.dumps({"world": world, "kind": kind, **r}) + "\n")
         fn = opt = params = built = None
         torch._dynamo.reset()
         if cuda:
@@ -190,6 +210,7 @@ def main(argv=None) -> None:
     ap.add_argument("--one-gpu", type=lambda v: tuple(x for x in v.split(",") if x), default=ONE_GPU,
                     help="comma-separated one-process runs for the scaling (empty: none)")
     a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
     world = torch.cuda.device_count() if torch.cuda.is_available() else 2
     doc = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (gloo: a smoke test)",
            "world": world, "model": a.model, "layers": a.layers, "rows_per_rank": a.batch, "seq": a.seq,
@@ -202,7 +223,6 @@ def main(argv=None) -> None:
             r["scaling"] = round(r["tokens_per_s"] / one, 2)
         if ref and r.get("losses"):  # bf16: a step's loss within 2% of thunder's own executors'
             r["losses_match_thunder"] = all(abs(x - y) <= 0.02 * max(1.0, abs(y)) for x, y in zip(r["losses"], ref))
-    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "distributed.json"), "w") as f:
         json.dump(doc, f, indent=1)
     print(table(doc))
@@ -210,11 +230,13 @@ def main(argv=None) -> None:
 
 def table(doc: dict) -> str:
     """The results of ``distributed.json`` as a markdown table."""
-    lines = ["| contender | step ms | tokens/s per GPU | x one GPU | comm hidden | peak GiB | held GiB | "
-             "losses | = thunder's | error |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+    lines = ["| contender | step ms | tokens/s per GPU | x one GPU | comm hidden | compute busy ms | NCCL ms | "
+             "NCCL exposed ms | peak GiB | held GiB | losses | = thunder's | error |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for kind, r in {**doc["one_gpu"], **doc["contenders"]}.items():
         lines.append(f"| {kind} | {r.get('step_ms', '')} | {r.get('tokens_per_s_per_gpu', '')} | {r.get('scaling', '')} | "
-                     f"{r.get('comm_hidden', '')} | {r.get('peak_gib', '')} | {r.get('held_gib', '')} | "
+                     f"{r.get('comm_hidden', '')} | {r.get('compute_busy_ms', '')} | {r.get('comm_ms', '')} | "
+                     f"{r.get('comm_exposed_ms', '')} | {r.get('peak_gib', '')} | {r.get('held_gib', '')} | "
                      f"{r.get('losses', '')} | {r.get('losses_match_thunder', '')} | {(r.get('error') or '')[:80]} |")
     return "\n".join(lines)
 

@@ -115,13 +115,17 @@ def _distributed(results: str) -> list[str]:
 
     def intro(d):
         lines = [f"{d['device']} x {d['world']}: {d['model']} at {d['layers']} layers, {d['rows_per_rank']} x "
-                 f"{d['seq']} tokens per rank, optimizer {d.get('optimizer', 'none')}.", ""]
+                 f"{d['seq']} tokens per rank, optimizer {d.get('optimizer', 'none')}, FSDP bucketing "
+                 f"{d.get('bucketing', 'none')}.", ""]
         return lines + ([d["note"] + ".", ""] if d.get("note") else [])
 
     return _tables(results, "distributed", table, "## Training on several GPUs (`python -m benchmarks.distributed`)",
                    "Each rank steps its own rows, AdamW in every step; losses are the three warm-up steps' on rank 0, "
                    "'= thunder's' compares them with thunder's default executors under the same FSDP. Comm hidden: of "
-                   "the NCCL kernels' time, the part under a compute kernel.", intro)
+                   "the NCCL kernels' time, the part under a compute kernel. Of the profiled step's device timeline: compute "
+                   "busy, the time some compute kernel runs; NCCL exposed, the NCCL time under no compute kernel. The "
+                   "profiler slows the host, so a host-bound step's profiled timeline has more idle time than its "
+                   "timed steps.", intro)
 
 
 def _zoo(results: str) -> list[str]:

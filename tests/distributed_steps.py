@@ -110,11 +110,38 @@ def _collectives_outside_regions(jm) -> dict:
     from thunder.core.prims import PrimIDs  # noqa: F401  (thunder's prims loaded)
 
     names, inside = [], []
-    for trace in (thunder.last_traces(jm)[-1], thunder.last_backward_traces(jm)[-1]):
+    forward, backward = thunder.last_traces(jm)[-1], thunder.last_backward_traces(jm)[-1]
+    for trace in (forward, backward):
         for b in trace.bound_symbols:
             subs = [s.sym.name for s in b.subsymbols] if b.sym.is_fusion else []
             if any(("all_reduce" in s or "all_gather" in s or "reduce_scatter" in s or s == "wait") for s in subs):
                 inside.append(b.sym.name)
             if any(k in b.sym.name for k in ("all_reduce", "all_gather", "reduce_scatter", "wait", "synchronize")):
                 names.append(b.sym.name)
-    return {"collectives": sorted(set(names)), "claimed_by_a_region": inside}
+    return {"collectives": sorted(set(names)), "claimed_by_a_region": inside, **_overlap_order(forward, backward)}
+
+
+def _overlap_order(forward, backward) -> dict:
+    """What lets NCCL run under compute (``passes/communication_schedule.py``): in the forward,
+    nothing but other waits between a wait and its first reader; in the backward, a gradient
+    reduced before the last matmul (not every one after it)."""
+
+    def ops(trace):
+        return [b for b in trace.bound_symbols if b.sym.name not in ("del", "python_del") and not b.sym.name.startswith("comment")]
+
+    far = []
+    fw = ops(forward)
+    for i, b in enumerate(fw):
+        if b.sym.name.endswith("wait_prim_impl"):
+            made = {p.name for p in b.flat_proxy_outs}
+            j = i + 1
+            while j < len(fw) and not made & {p.name for p in fw[j].flat_proxy_args}:
+                if not fw[j].sym.name.endswith("wait_prim_impl"):
+                    far.append(f"{b.sym.name} -> {fw[j].sym.name}")
+                    break
+                j += 1
+    bw = [b.sym.name for b in ops(backward)]
+    reduced = [i for i, n in enumerate(bw) if "reduce_scatter" in n or "all_reduce" in n]
+    matmuls = [i for i, n in enumerate(bw) if n in ("matmul", "linear") or "matmul" in n]
+    return {"waits_far_from_their_reader": far,
+            "reduced_before_the_last_matmul": bool(reduced and matmuls and reduced[0] < matmuls[-1])}

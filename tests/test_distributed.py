@@ -12,6 +12,10 @@ The sign-flipped loss NCCL then showed was a kernel's: under FSDP the loss's mas
 from one region to another, and CuTe DSL stored its true as the byte 0xFF, read back as
 -1.0. The CPU's lowered programs store bools through torch, so gloo cannot see that class;
 ``test_a_bool_is_stored_as_torchs_byte_1_by_every_family`` (PTX, CPU) does.
+The same runs check the order that lets NCCL run under compute: in the forward no op but
+another wait between a wait and its first reader, and in the backward a gradient reduced
+before the last matmul (``passes/communication_schedule.py``; before it, every wait came
+before the first layer and every reduce-scatter after the last matmul).
 On the CPU through gloo (CI); on two GPUs through NCCL (``cuda``, where a machine has two).
 
 thunder's own distributed suites (``thunder/tests/distributed``) run only on CUDA with NCCL and
@@ -74,6 +78,8 @@ def _check(mode: str, device_type: str) -> None:
     for rank, losses, grads, facts in _run_ranks(mode, device_type):
         assert facts["claimed_by_a_region"] == [], facts
         assert facts["collectives"], f"{mode}: no collective in the traces"
+        assert facts["waits_far_from_their_reader"] == [], facts  # NCCL's time under compute
+        assert facts["reduced_before_the_last_matmul"], facts
         for step, (loss, want) in enumerate(zip(losses, ref["losses"])):
             assert abs(loss - want[rank]) < 1e-4, f"{mode} rank {rank} step {step}: loss {loss} against {want[rank]}"
         for step, (got, want) in enumerate(zip(grads, ref["grads"])):

@@ -2,23 +2,25 @@
 its inputs allow, each ``wait`` as late as its first reader allows, so that NCCL moves data
 while the GPU computes.
 
-thunder's ``sort_waits`` orders the joint trace so before the fusion passes run, but a fusion
-pass orders the trace again (``fuse_bound_symbols`` sorts its groups by data flow alone). On
-two H200s the trace fuser_ex then ran had every forward ``wait`` before the first layer and
-every gradient's reduce-scatter after the last matmul of the backward: 5% of NCCL's time ran
-under compute (``benchmarks/results/distributed.json``). This pass is the same rule, after
-fusion: a list schedule of the fused trace that
+thunder's ``sort_waits`` orders the joint trace so before the fusion passes run, but the
+partition into regions then decides the order again. On two H200s the trace fuser_ex ran had
+every forward ``wait`` before the first layer (one region read every layer's norm weight) and
+every gradient's reduce-scatter after the backward's last matmul: 5% of NCCL's time ran under
+compute. The rule runs twice:
 
-- emits a collective (all-gather, reduce-scatter, all-reduce) the moment its inputs exist,
-  together with the ops that exist only to feed it (a weight's gradient matmul and its
-  division by the world size, FSDP's bucket packing), which would otherwise wait for their
-  place in the trace;
-- emits a ``wait`` just before the first op that reads what it returns (or before the
-  return, where nothing else does);
-- keeps every other op in its order (random draws never move).
+- before the partition (``hoist=False``), a ``wait`` and the ops made of its result alone (a
+  gathered norm weight's broadcast) move down to their first reader, so the ops we claim
+  there join that reader's region and no region waits for another layer's weights;
+- after it, a collective (all-gather, reduce-scatter, all-reduce) runs the moment its inputs
+  exist, with the ops that exist only to feed it (a weight's gradient matmul and its division
+  by the world size, FSDP's bucket packing), which would otherwise wait for their place in
+  the trace; waits again go just before their first reader.
 
-It moves nothing where any op writes in place: an async collective reads its inputs until
-its wait, and a write the schedule moved past could change what it sends.
+Every other op keeps its order (random draws never move); an op that feeds several
+collectives (the backward's main path feeds them all) keeps its place, or the backward would
+run depth first. Nothing moves where any op writes in place: an async collective reads its
+inputs until its wait, and a write the schedule moved past could change what it sends. The
+schedule is linear in the trace: readiness is asked once per op and query.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def schedule_communication(bsyms: list[BoundSymbol], hoist: bool = True) -> list
     # cast): each runs just before its first reader, or it would wait for its collective early
     lazy = [False] * len(bsyms)
     for i, b in enumerate(bsyms):
-        lazy[i] = is_wait(b) or (not is_collective(b) and not _random(b) and bool(reads[i])
+        made_here = all(producer.get(p.name, i) < i for p in b.flat_proxy_args)  # no input of the trace read
+        lazy[i] = is_wait(b) or (not is_collective(b) and not _random(b) and bool(reads[i]) and made_here
                                  and all(lazy[d] for d in reads[i]))
 
     done = [False] * len(bsyms)
@@ -101,6 +104,8 @@ def schedule_communication(bsyms: list[BoundSymbol], hoist: bool = True) -> list
         for d in reads[i]:
             if not done[d]:  # only a lazy op is left behind (see ``ready``)
                 emit(d)
+        if done[i]:  # emitting what it reads emitted it (it was their early reader)
+            return
         out.append(bsyms[i])
         done[i] = True
         for r in readers[i]:
