@@ -49,6 +49,13 @@ def schedule_communication(bsyms: list[BoundSymbol], hoist: bool = True) -> list
     ops we claim in two)."""
     if not any(is_collective(b) for b in bsyms) or writes_in_place(bsyms):
         return bsyms
+    try:
+        return _scheduled(bsyms, hoist)
+    except RecursionError:  # chains of lazy or feeding ops deeper than Python's stack: keep the order
+        return bsyms
+
+
+def _scheduled(bsyms: list[BoundSymbol], hoist: bool) -> list[BoundSymbol]:
     producer: dict[str, int] = {}
     for i, b in enumerate(bsyms):
         for p in b.flat_proxy_outs:
