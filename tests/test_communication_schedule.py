@@ -31,21 +31,24 @@ def order(bsyms) -> list[str]:
     return [b.label for b in schedule_communication(bsyms)]
 
 
+def two_gathered_layers(first, layer1_reads: str, layer2_weight: str) -> list:
+    """Both layers' weights gathered and waited for at the top (the order the partition left),
+    then ``first``, then the two layers."""
+    return [op("ag1", ["p1"], ["f1"], AG), op("ag2", ["p2"], ["f2"], AG),
+            op("w1", ["f1"], ["g1"], WAIT), op("w2", ["f2"], ["g2"], WAIT), first,
+            op("layer1", [layer1_reads, "g1"], ["h1"]), op("layer2", ["h1", layer2_weight], ["h2"]),
+            op("return", ["h2"], [], "python_return")]
+
+
 def test_each_wait_goes_just_before_its_first_reader():
-    trace = [op("ag1", ["p1"], ["f1"], AG), op("ag2", ["p2"], ["f2"], AG),
-             op("w1", ["f1"], ["g1"], WAIT), op("w2", ["f2"], ["g2"], WAIT),
-             op("emb", ["idx"], ["h"]), op("layer1", ["h", "g1"], ["h1"]), op("layer2", ["h1", "g2"], ["h2"]),
-             op("return", ["h2"], [], "python_return")]
+    trace = two_gathered_layers(op("emb", ["idx"], ["h"]), "h", "g2")
     assert order(trace) == ["ag1", "ag2", "emb", "w1", "layer1", "w2", "layer2", "return"]
 
 
 def test_what_is_made_of_a_gathered_weight_alone_goes_with_its_wait():
     """The broadcast of the second layer's norm weight: placed early, it would hold the first
     layer until the second one's weight is gathered."""
-    trace = [op("ag1", ["p1"], ["f1"], AG), op("ag2", ["p2"], ["f2"], AG),
-             op("w1", ["f1"], ["g1"], WAIT), op("w2", ["f2"], ["g2"], WAIT),
-             op("bcast2", ["g2"], ["b2"]), op("layer1", ["x", "g1"], ["h1"]), op("layer2", ["h1", "b2"], ["h2"]),
-             op("return", ["h2"], [], "python_return")]
+    trace = two_gathered_layers(op("bcast2", ["g2"], ["b2"]), "x", "b2")
     assert order(trace) == ["ag1", "ag2", "w1", "layer1", "w2", "bcast2", "layer2", "return"]
 
 
