@@ -1,4 +1,5 @@
-"""``passes/communication_schedule.py`` on small traces written out by hand: collectives and
+"""``passes/communication_schedule.py`` (and ``dead_inputs``'s rule for what an async collective
+sends) on small traces written out by hand: collectives and
 what only feeds them as early as their inputs allow, waits and what is made of their results
 alone just before their first reader, nothing else moved; and, for any trace, every op after
 what it reads. (Under thunder's FSDP, ``test_distributed.py`` checks the same order in the
@@ -142,3 +143,33 @@ def test_every_op_still_runs_after_what_it_reads_and_random_draws_keep_their_ord
     draws = lambda seq: [b.label for b in seq if OpTags.RANDOM_OP in b.sym.tags]  # noqa: E731
     assert draws(got) == draws(trace)
     assert got[-1].label == "return"
+
+
+def test_what_an_async_collective_sends_is_not_written_over_before_its_wait():
+    """``dead_inputs``: a fusion after a reduce-scatter that is the last op to name its input
+    must not write over it: NCCL reads it until the wait."""
+    import thunder.core.devices as devices
+    import thunder.core.dtypes as dtypes
+    from thunder.core import prims
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.trace import TraceCtx, tracectx
+
+    from thunder_fuser.passes.dead_inputs import dead_inputs
+
+    with tracectx(TraceCtx()):
+        x, y, z, o = (TensorProxy(shape=(4,), device=devices.cpu, dtype=dtypes.float32) for _ in range(4))
+
+    def bsym(name, reads, makes, fusion=False, sym_id=None):
+        sym = SimpleNamespace(name=name, id=sym_id or name, tags=(), is_fusion=fusion)
+        return SimpleNamespace(sym=sym, flat_proxy_args=list(reads), flat_proxy_outs=list(makes), subsymbols=[], tags=(),
+                               args=(tuple(reads),))
+
+    fut = SimpleNamespace(name="fut")
+    made = bsym("fusion_a", [], [x], fusion=True)
+    late = bsym("fusion_b", [x], [y], fusion=True)
+    trace = SimpleNamespace(output=(y, z), bound_symbols=[
+        made, bsym(RS, [x], [fut]), late, bsym(WAIT, [fut], [z]),
+        bsym("python_return", [y, z], [], sym_id=prims.PrimIDs.RETURN)])
+    assert dead_inputs(trace)[(y.name,)] == frozenset()
+    trace.bound_symbols[1:4] = [bsym(RS, [o], [fut]), late, bsym(WAIT, [fut], [z])]
+    assert dead_inputs(trace)[(y.name,)] == {x.name}  # the collective sends another tensor: x may go
