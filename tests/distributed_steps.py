@@ -6,6 +6,7 @@ A module of its own, so spawned ranks import it."""
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -124,7 +125,12 @@ def _collectives_outside_regions(jm) -> dict:
 def _overlap_order(forward, backward) -> dict:
     """What lets NCCL run under compute (``passes/communication_schedule.py``): in the forward,
     nothing but other waits between a wait and its first reader; in the backward, a gradient
-    reduced before the last matmul (not every one after it)."""
+    reduced before the last matmul (not every one after it). A launch run's markers
+    (``run0_begin``: ``thunder_transforms/launch_runs.py``, CUDA only) are no compute: a wait
+    just before the run that reads its result is at its reader."""
+
+    def marker(b) -> bool:
+        return re.fullmatch(r"run\d+_(begin|end)", b.sym.name) is not None
 
     def ops(trace):
         return [b for b in trace.bound_symbols if b.sym.name not in ("del", "python_del") and not b.sym.name.startswith("comment")]
@@ -136,7 +142,7 @@ def _overlap_order(forward, backward) -> dict:
             made = {p.name for p in b.flat_proxy_outs}
             j = i + 1
             while j < len(fw) and not made & {p.name for p in fw[j].flat_proxy_args}:
-                if not fw[j].sym.name.endswith("wait_prim_impl"):
+                if not fw[j].sym.name.endswith("wait_prim_impl") and not marker(fw[j]):
                     far.append(f"{b.sym.name} -> {fw[j].sym.name}")
                     break
                 j += 1
