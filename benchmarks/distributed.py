@@ -15,8 +15,10 @@ over ``--steps`` steps; one step runs under torch.profiler, and on GPUs the frac
 NCCL kernels' time that overlaps a compute kernel on the device timeline is "hidden". Peak is
 the most memory allocated on rank 0 during the timed steps; held is what stays allocated
 between steps. One-process runs of thunder + fuser and torch.compile give the scaling (a
-model one GPU cannot hold records the out-of-memory error there). Writes ``distributed.json``
-and prints a table last.
+model one GPU cannot hold records the out-of-memory error there). ``floor: 1 GPU step + NCCL
+beside`` (GPUs only) bounds what any overlap could give: each rank steps the unsharded model
+while ZERO3's collectives run on a second stream, nothing waiting for them (``_TrafficBeside``).
+Writes ``distributed.json`` and prints a table last.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from benchmarks import cli
 
 CONTENDERS = ("thunder+fuser zero2", "thunder+fuser zero3", "thunder zero3", "torch.compile + FSDP2")
 ONE_GPU = ("thunder+fuser 1 GPU", "torch.compile 1 GPU")
+# Not a contender: each rank steps the whole unsharded model (thunder + fuser, one GPU's step)
+# while a second stream moves what ZERO3 moves (every parameter's all-gather and reduce-scatter,
+# no bucketing), neither waiting for the other. No schedule of ZERO3 overlaps better, so its
+# step, less the half of AdamW's work that a ZERO3 rank does not do, is the floor of ZERO3's step.
+FLOOR = "floor: 1 GPU step + NCCL beside"
 LOSS_STEPS = 3  # the warm-up steps whose losses every contender records
 
 
@@ -43,6 +50,8 @@ def _wrap(kind: str, module, device, bucketing: str = "none"):
 
     from benchmarks.contenders import thunder_executors, thunder_transforms
 
+    if kind == FLOOR:
+        kind = "thunder+fuser 1 GPU"
     if kind.startswith("torch.compile"):
         if kind.endswith("FSDP2"):
             from torch.distributed.fsdp import fully_shard
@@ -96,6 +105,64 @@ def _comm_profile(prof) -> dict:
             "compute_busy_ms": round(sum(b - a for a, b in work) / 1000, 2)}
 
 
+class _TrafficBeside:
+    """ZERO3's collectives for ``params`` (an all-gather and a reduce-scatter of each, bf16, one
+    per parameter as thunder issues them unbucketed) on a stream of their own: ``start`` queues
+    them behind what the current stream has queued, ``join`` makes the current stream wait."""
+
+    def __init__(self, params, world: int):
+        self.stream = torch.cuda.Stream()
+        self.bufs = []
+        for p in params:
+            n = -(-p.numel() // world)
+            shard = torch.zeros(n, dtype=p.dtype, device=p.device)
+            self.bufs.append((shard, torch.zeros(n * world, dtype=p.dtype, device=p.device)))
+
+    def start(self) -> None:
+        import torch.distributed as dist
+
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            for shard, full in self.bufs:
+                dist.all_gather_into_tensor(full, shard)
+            for shard, full in self.bufs:
+                dist.reduce_scatter_tensor(shard, full)
+
+    def join(self) -> None:
+        torch.cuda.current_stream().wait_stream(self.stream)
+
+
+def _median_ms(fn, n: int = 5) -> float:
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def _floor_parts(step, backward, beside: _TrafficBeside, opt, world: int) -> dict:
+    """The floor's parts, each timed alone in this process: the traffic, AdamW's step over the
+    whole model (its gradients made by ``backward`` first), the step without the traffic; and
+    the floor of ZERO3's step (this step less the AdamW work ZERO3 shards away)."""
+    nccl = _median_ms(lambda: (beside.start(), beside.join()))
+    adamw = 0.0
+    if opt is not None:
+        backward()
+        adamw = _median_ms(opt.step)
+        opt.zero_grad(set_to_none=True)
+    started, beside.start = beside.start, lambda: None
+    try:
+        alone = _median_ms(step)
+    finally:
+        beside.start = started
+    floor = _median_ms(step) - adamw * (world - 1) / world
+    return {"nccl_alone_ms": round(nccl, 2), "adamw_ms": round(adamw, 2), "step_without_nccl_ms": round(alone, 2),
+            "zero3_floor_ms": round(floor, 2)}
+
+
 def _rank(rank: int, world: int, port: int, a, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
@@ -122,8 +189,13 @@ def _rank(rank: int, world: int, port: int, a, queue) -> None:
             fn = _wrap(kind, built.module, device, a.bucketing)
             params = list(fn.parameters())
             opt = torch.optim.AdamW(params, lr=1e-5) if a.optimizer == "adamw" else None
+            if kind == FLOOR and not cuda:
+                raise RuntimeError("the floor needs CUDA streams and NCCL")
+            beside = _TrafficBeside(params, world) if kind == FLOOR else None
 
             def step():
+                if beside is not None:
+                    beside.start()
                 loss = _step(fn, idx, targets)
                 if opt is not None:
                     opt.step()
@@ -131,6 +203,8 @@ def _rank(rank: int, world: int, port: int, a, queue) -> None:
                 else:
                     for p in params:
                         p.grad = None
+                if beside is not None:
+                    beside.join()
                 return loss
 
             t0 = time.perf_counter()
@@ -161,6 +235,8 @@ def _rank(rank: int, world: int, port: int, a, queue) -> None:
                     step()
                     torch.cuda.synchronize()
                 r.update(_comm_profile(prof))
+                if beside is not None:
+                    r.update(_floor_parts(step, lambda: _step(fn, idx, targets), beside, opt, world))
         except Exception as e:  # noqa: BLE001 - a failing contender is reported
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             traceback.print_exc()
@@ -194,7 +270,7 @@ def _launch(world: int, a) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = cli.parser("benchmarks.distributed", __doc__, epilog=f"contenders: {', '.join(CONTENDERS)}; one GPU: {', '.join(ONE_GPU)}\n"
+    ap = cli.parser("benchmarks.distributed", __doc__, epilog=f"contenders: {', '.join(CONTENDERS)}, {FLOOR}; one GPU: {', '.join(ONE_GPU)}\n"
                     "Without a CUDA GPU two CPU processes step over gloo (a smoke test).")
     ap.add_argument("--out", default="benchmarks/results", help="folder for distributed.json")
     ap.add_argument("--model", default="Llama-3.2-1B", help="the litgpt model (benchmarks.model_zoo names)")
@@ -238,6 +314,13 @@ def table(doc: dict) -> str:
                      f"{r.get('comm_hidden', '')} | {r.get('compute_busy_ms', '')} | {r.get('comm_ms', '')} | "
                      f"{r.get('comm_exposed_ms', '')} | {r.get('peak_gib', '')} | {r.get('held_gib', '')} | "
                      f"{r.get('losses', '')} | {r.get('losses_match_thunder', '')} | {(r.get('error') or '')[:80]} |")
+    floor = doc["contenders"].get(FLOOR, {})
+    if floor.get("zero3_floor_ms"):
+        lines += ["", f"{FLOOR}: the whole model's step on each GPU with ZERO3's NCCL traffic on a second stream, "
+                  f"nothing waiting for it. Alone in this run: the step {floor['step_without_nccl_ms']} ms, the traffic "
+                  f"{floor['nccl_alone_ms']} ms, AdamW over the whole model {floor['adamw_ms']} ms. Together, less the AdamW "
+                  f"work ZERO3 shards away: **{floor['zero3_floor_ms']} ms, the floor of ZERO3's step** on this model "
+                  "(no schedule overlaps more than nothing waiting at all)."]
     return "\n".join(lines)
 
 if __name__ == "__main__":
