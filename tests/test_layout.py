@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import check_vs_eager
+import thunder_fuser
 from thunder_fuser import explain, fuser_ex
 from thunder_fuser.layout import stride_order
 
@@ -175,6 +176,51 @@ def test_a_split_whose_v_is_a_view_returns_it_as_one_beside_the_kernel_outputs()
         assert got[2].untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
     (runner,) = _runners(jfn)
     assert [s.kind for s in runner.segments] == ["resize"]
+
+
+def _grouped_keys(qkv):
+    """Grouped-query attention's keys and values as litgpt and transformers make them for
+    ``sdpa``: two groups, each repeated for two query heads (an expand, then a reshape that
+    merges the expanded dim: torch copies it, row-major)."""
+    b, s, _ = qkv.shape
+    k, v = (t.view(b, s, 2, E).transpose(1, 2) for t in qkv.split(2 * E, dim=-1))
+    return tuple(t[:, :, None].expand(b, 2, 2, s, E).reshape(b, 4, s, E) * 1 for t in (k, v)) + (
+        v[:, :, None].expand(b, 2, 2, s, E).reshape(b, 4, s, E),)
+
+
+def test_a_reshape_torch_makes_by_copying_is_row_major_as_torch_makes_it():
+    """Outputs leave the trace with eager's strides, which whoever receives them may rely
+    on: ThunderFX hands a thunder piece's outputs to Inductor's piece, which asserts them
+    (Mistral-7B's keys, repeated per query head, came back heads inside the sequence: the
+    expanded source's order, where torch's copy is row-major)."""
+    jfn = thunder.jit(_grouped_keys, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
+    for _ in range(2):
+        qkv = torch.randn(B, S, 4 * E)
+        want = _grouped_keys(qkv)
+        got = jfn(qkv)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+            assert g.stride() == w.stride(), (g.stride(), w.stride())
+
+
+def _attention_of_a_returned_query(qkv):
+    b, s, _ = qkv.shape
+    q, k, v = (t.view(b, s, H, E).transpose(1, 2) for t in qkv.split(H * E, dim=-1))
+    q = torch.cat((q[..., E // 2:], q[..., : E // 2]), dim=-1)  # contiguous, as torch allocates a cat
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True), q
+
+
+def test_a_tensor_the_caller_receives_keeps_eagers_strides_though_attention_reads_it():
+    """The heads-inside order attention prefers (``layout/attention_operands.py``) is for
+    tensors only the trace reads: one the caller receives (a ThunderFX piece's output, which
+    Inductor's next piece asserts) is laid out as eager lays it out, and so is the attention
+    output made like it."""
+    jfn = thunder.jit(_attention_of_a_returned_query, executors=thunder_fuser.executors(),
+                      transforms=thunder_fuser.transforms())
+    qkv = torch.randn(B, S, 3 * H * E)
+    for g, w in zip(jfn(qkv), _attention_of_a_returned_query(qkv)):
+        torch.testing.assert_close(g, w)
+        assert g.stride() == w.stride(), (g.stride(), w.stride())
 
 
 @pytest.mark.cuda

@@ -223,8 +223,12 @@ class FuserExecutor(FusionExecutor):
         out.bound_symbols = schedule_communication(out.bound_symbols)
         # the fusions are built again, for the final trace: now each knows which of its
         # outputs a matmul reads, and lays them out for it
-        self._matmul_reads = matmul_reads(_matmul_calls(out.bound_symbols))
-        self._attention_reads = attention_reads(_calls(out.bound_symbols))
+        # what the caller receives keeps eager's strides, whoever reads it here (ThunderFX hands a
+        # piece's outputs to Inductor's pieces, which assert them)
+        handed_out = _handed_out(out)
+        self._matmul_reads = {k: v for k, v in matmul_reads(_matmul_calls(out.bound_symbols)).items()
+                              if k not in handed_out}
+        self._attention_reads = attention_reads(_calls(out.bound_symbols)) - handed_out
         self._copyable = _unobserved_aliasing(out)
         try:
             self._dead_inputs = dead_inputs(out)
@@ -301,6 +305,18 @@ def _calls(bsyms):
     """``(op name, argument names)`` of each call in ``bsyms`` (None for a non-tensor)."""
     for b in bsyms:
         yield b.sym.name, tuple(a.name if isinstance(a, TensorProxy) else None for a in b.args)
+
+
+def _handed_out(trace: TraceCtx) -> frozenset[str]:
+    """Names of the tensors ``trace`` returns to its caller: a forward trace's ``output`` (not
+    what it saves for the backward), else everything it returns."""
+    ret = trace.bound_symbols[-1] if trace.bound_symbols else None
+    if ret is None or ret.sym.id != prims.PrimIDs.RETURN:
+        return frozenset()
+    given = ret.args
+    if len(given) == 2 and isinstance(given[0], dict) and "output" in given[0]:
+        given = given[0]["output"]
+    return frozenset(p.name for p in tree_flatten(given)[0] if isinstance(p, TensorProxy))
 
 
 def _matmul_calls(bsyms):

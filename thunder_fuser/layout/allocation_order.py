@@ -214,6 +214,9 @@ def infer_allocation_orders(
                 # its strides themselves, as torch views its operand's (an input's own, a computed
                 # value's as allocated): TensorIterator reads a size-1 dim's stride too
                 viewed = _view_strides(node, src, real.get(id(src)) or strides_for_order(src.shape, result[id(src)]))
+                if viewed is COPIED:  # torch's reshape copies what no view can give: a row-major clone
+                    result[id(out)] = tuple(range(out.ndim))
+                    continue
                 if viewed is not None:
                     real[id(out)] = viewed
                 through = tuple(frozenset((src.name, d, p, n) for d, p, n in reads)
@@ -232,15 +235,21 @@ def infer_allocation_orders(
 _VIEWS = ("broadcast_in_dim", "reshape", "transpose", "squeeze", "shallow_copy", "slice_prim")
 
 
-def _view_strides(node: Node, src: Value, strides) -> tuple[int, ...] | None:
-    """The strides of view ``node`` of ``src`` (laid out at ``strides``), as torch views it,
-    or None where torch would copy or the op fails on a meta tensor."""
+COPIED = "copied"  # a reshape torch makes by copying (``_view_strides``)
+
+
+def _view_strides(node: Node, src: Value, strides):
+    """The strides of view ``node`` of ``src`` (laid out at ``strides``), as torch views it;
+    ``COPIED`` where torch copies (a reshape that merges dims no stride can merge, such as an
+    expanded dim: grouped-query attention's keys); None where the op fails on a meta tensor."""
     try:
         base = torch.empty_strided(src.shape, strides, dtype=src.dtype, device="meta")
         v = REFERENCE_IMPLS[node.op](base, *node.args[1:], **node.kwargs)
     except Exception:  # noqa: BLE001 - no meta view: unknown
         return None
-    return tuple(v.stride()) if isinstance(v, torch.Tensor) and v._is_view() else None
+    if not isinstance(v, torch.Tensor):
+        return None
+    return tuple(v.stride()) if v._is_view() else COPIED
 
 
 def _converted_strides(node: Node, src: Value, result: dict, zeros: dict, real: dict, producers: dict) -> tuple[int, ...]:
@@ -258,7 +267,7 @@ def _converted_strides(node: Node, src: Value, result: dict, zeros: dict, real: 
         x = p.tensor_inputs()[0]
         copied = _to_copy(x.shape, _strides(x, result.get(id(x), tuple(range(x.ndim))), zeros, real))
         viewed = _view_strides(p, x, copied)
-        if viewed is not None:
+        if viewed not in (None, COPIED):
             return viewed
     return _to_copy(src.shape, read)
 
