@@ -165,7 +165,7 @@ def test_litgpt_decode_on_kernels(name, graphed):
 def test_a_cache_write_runs_in_place_as_the_program_wrote_it(torch_kernels):
     """thunder functionalizes ``cache.index_copy_`` into an out-of-place copy of the whole
     cache and a copy back; the fusion pass writes it in place again
-    (``passes/index_copy_in_place.py``): one ``fuser_index_copy_`` per cache, no copy of a cache."""
+    (``passes/writes_in_place.py``): one ``fuser_index_copy_`` per cache, no copy of a cache."""
     torch.manual_seed(0)
     ws = [torch.randn(64, 64) / 8 for _ in range(3)]
     jstep = thunder.jit(_decode_step, executors=thunder_fuser.executors())
@@ -212,7 +212,7 @@ def test_a_transformers_model_decodes_with_its_static_cache(torch_kernels):
     """transformers' ``StaticCache`` (a preallocated cache written by ``index_copy_``) traces
     in thunder 0.2.6, unlike its default ``DynamicCache`` (``test_models.py``): a prefill and
     six one-token steps of its Llama, logits and every layer's cache against eager's after
-    each step, each cache write in place (``passes/index_copy_in_place.py``); midway the module is
+    each step, each cache write in place (``passes/writes_in_place.py``); midway the module is
     handed a new cache (``HFStaticDecode.move_cache``), which the later steps write."""
     pytest.importorskip("transformers")
     from benchmarks.decode import _caches, _model

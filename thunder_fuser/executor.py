@@ -25,17 +25,18 @@ from thunder.extend import FusionExecutor, register_executor
 from thunder_fuser.inspect import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.passes.communication_schedule import schedule_communication
+from thunder_fuser.passes.constant_writes import merge_constant_writes
 from thunder_fuser.passes.dead_inputs import dead_inputs
 from thunder_fuser.passes.eager_decompositions import eager_decompositions
 from thunder_fuser.passes.eager_decompositions import register as register_eager_rules
 from thunder_fuser.passes.hoist_externs import contiguous_of_resizes, dissolve_runs, hoist_externs, hoist_views
-from thunder_fuser.passes.index_copy_in_place import in_place_index_copies
 from thunder_fuser.passes.input_aliases import needs_alias_guard, with_alias_guard
 from thunder_fuser.passes.narrow_loss_gradient import narrow_loss_gradients
 from thunder_fuser.passes.rematerialize import rematerialize_if_safe, writes_in_place
 from thunder_fuser.rules.cross_entropy import STANDALONE
 from thunder_fuser.rules.cross_entropy import register as register_losses
 from thunder_fuser.passes.trace_notes import lift_notes, place_notes
+from thunder_fuser.passes.writes_in_place import functional_writes_in_place
 from thunder_fuser.functionalize import functionalize
 from thunder_fuser.ir.cat_before_reshape import cat_before_reshape, pad_before_reshape
 from thunder_fuser.ir.empty_pads import pads_of_empty_as_numbers
@@ -182,7 +183,7 @@ class FuserExecutor(FusionExecutor):
         trace = eager_decompositions(trace)
         guarded = needs_alias_guard(trace)
         trace = narrow_loss_gradients(trace)
-        trace = in_place_index_copies(trace)
+        trace = merge_constant_writes(functional_writes_in_place(trace))
         self._kept_apart = contiguous_of_resizes(trace.bound_symbols)
         if _on_cuda(trace):  # their start (imports: seconds) overlaps the rest of the first call
             compile_workers.start_for_cuda()
