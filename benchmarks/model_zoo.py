@@ -116,6 +116,7 @@ class Built:
     config: dict  # what the results record of it
     vocab: int  # token ids, or an image model's labels
     image: tuple[int, int] | None = None  # an image model's (pixels a side, pixels a patch side)
+    max_seq: int | None = None  # the longest sequence its positions take (GPT-2: 1024)
 
 
 def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=torch.float32, seed: int = 0,
@@ -142,14 +143,14 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
                       n_query_groups=cfg.n_query_groups, intermediate_size=cfg.intermediate_size,
                       vocab=cfg.padded_vocab_size, rotary_percentage=cfg.rotary_percentage,
                       parallel_residual=cfg.parallel_residual)
-        vocab = cfg.vocab_size
+        vocab, max_seq = cfg.vocab_size, cfg.block_size
     elif name in HF + MORE_HF + ZOO_HF:
         import transformers
 
         model, sizes = hf_causal_lm(name, layers, tiny, use_cache=False)
         module = HFWithLoss(model)
         config = dict(source=f"transformers {transformers.__version__}", num_hidden_layers=layers, **sizes)
-        vocab = sizes["vocab_size"]
+        vocab, max_seq = sizes["vocab_size"], model.config.max_position_embeddings
     elif name in VISION:
         import transformers
 
@@ -165,7 +166,16 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
         raise ValueError(f"unknown model {name!r}; one of "
                          f"{MODELS + MORE + SHARDED_LITGPT + ZOO_LITGPT + ZOO_HF + VISION}")
     return Built(name, module.to(dtype=dtype) if device is None else module.to(device=device, dtype=dtype), config,
-                 vocab)
+                 vocab, max_seq=max_seq)
+
+
+def fitted(built: Built, batch_size: int, seq: int) -> tuple[int, int]:
+    """(rows, tokens a row) of a step of ``batch_size`` x ``seq`` tokens for ``built``: a model
+    whose positions end before ``seq`` (GPT-2's 1024) takes as many rows of its longest
+    sequence as the same tokens fill."""
+    if built.max_seq is None or seq <= built.max_seq or built.image is not None:
+        return batch_size, seq
+    return max(1, batch_size * seq // built.max_seq), built.max_seq
 
 
 def hf_causal_lm(name: str, layers: int, tiny: bool, **options):
@@ -186,10 +196,12 @@ def hf_causal_lm(name: str, layers: int, tiny: bool, **options):
 
 
 def batch(built: Built, batch_size: int, seq: int, device="cpu", seed: int = 1):
-    """Token ids and targets, a few targets ignored (a prompt's tokens). An image model
+    """Token ids and targets, a few targets ignored (a prompt's tokens), ``fitted`` to the
+    model's positions. An image model
     takes as many images as ``batch_size * seq`` tokens fill (a patch a token, and the class
     token), at least one, and a label each."""
     g = torch.Generator().manual_seed(seed)
+    batch_size, seq = fitted(built, batch_size, seq)
     if built.image is not None:
         side, patch = built.image
         images = max(1, batch_size * seq // ((side // patch) ** 2 + 1))

@@ -57,7 +57,7 @@ import thunder
 
 from benchmarks.contenders import run_label, thunder_functions, wrap
 from benchmarks import cli
-from benchmarks.model_zoo import MORE, MODELS, TINY_MAX_SEQ, batch, build
+from benchmarks.model_zoo import MORE, MODELS, TINY_MAX_SEQ, batch, build, fitted
 from thunder_fuser.cudagraphs import region_graphs
 
 TINY_MODELS = ("Llama-3.2-1B",)  # --tiny's default: a smoke test of the harness in minutes
@@ -363,6 +363,7 @@ def time_interleaved(timers: list, steps: int, batch_size: int, seq: int, rounds
 def run_config(built, batch_size: int, seq: int) -> dict:
     """What the results record of a model's run: its config, the batch, its parameters (M)."""
     params = sum(p.numel() for p in built.module.parameters())
+    batch_size, seq = fitted(built, batch_size, seq)
     return dict(built.config, batch=batch_size, seq=seq, params_M=round(params / 1e6, 1))
 
 

@@ -505,3 +505,16 @@ def test_zoo_adds_a_second_runs_contenders_to_a_models_json():
     assert first["contenders"].keys() == {"torch.compile", "thunder+fuser"}  # the first run's dict is its own
     with pytest.raises(SystemExit, match="other layers"):
         added_run(first, run({}, layers=8))
+
+
+def test_a_model_whose_positions_end_before_the_sequence_takes_more_rows_of_its_longest():
+    """GPT-2's positions end at 1024: a zoo step of 2 x 2048 tokens is 4 x 1024 for it (the
+    same tokens), recorded as such, where it would index past its position table."""
+    from benchmarks.model_zoo import batch, build
+    from benchmarks.models import run_config
+
+    built = build("hf-GPT2", 1, tiny=True)
+    idx, targets = batch(built, 2, 2 * built.max_seq)
+    assert idx.shape == targets.shape == (4, built.max_seq)
+    assert built.module(idx, targets).isfinite()
+    assert run_config(built, 2, 2 * built.max_seq)["seq"] == built.max_seq
