@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from thunder_fuser import _compat
@@ -89,3 +90,44 @@ def test_the_quick_alias_key_answers_as_thunders_own():
     assert hasattr(cells["_alias_tensor_of_args_kwargs"].cell_contents, "original")
     x = torch.randn(4)
     torch.testing.assert_close(jfn(x, x[None, 0].expand(4)), x + x[0])
+
+
+def _profiled(x, w):
+    with torch.profiler.record_function("attention"):
+        y = torch.softmax(x @ w, -1)
+    with torch.autograd.profiler.record_function("tail"):
+        return y * 2
+
+
+def test_a_profiler_range_inside_a_jitted_function_traces_as_nothing():
+    """``patches/profiler_ranges.py``: thunder 0.2.6 refused ``record_function`` (its custom op
+    ``profiler._record_function_enter_new``) with every executor; the range is left out of the
+    trace, what it encloses is traced, values and gradients are eager's."""
+    import thunder
+
+    import thunder_fuser
+
+    jfn = thunder.jit(_profiled, executors=thunder_fuser.executors(), transforms=thunder_fuser.transforms())
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    x2, w2 = (t.detach().clone().requires_grad_() for t in (x, w))
+    got, want = jfn(x, w), _profiled(x2, w2)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close((x.grad, w.grad), (x2.grad, w2.grad))
+
+
+@pytest.mark.xfail(strict=True, raises=AttributeError, reason="thunder 0.2.6: a TensorProxy has no is_sparse, which "
+                   "every torch optimizer reads of each gradient")
+def test_thunder_jit_of_an_optimizers_step():
+    """Past the profiler range every optimizer's step opens with, ``thunder.jit(opt.step)`` meets
+    ``grad.is_sparse`` (a proxy has none), and past that ``self.state[p]``: the optimizer's
+    state is a dict keyed by its parameters, and a traced parameter (a ``TensorProxy``) is
+    unhashable. The ThunderFX path (``tests/test_optimizer_step.py``) takes the step."""
+    import thunder
+
+    import thunder_fuser
+
+    p = torch.nn.Parameter(torch.randn(4, 4))
+    p.grad = torch.randn(4, 4)
+    thunder.jit(torch.optim.AdamW([p], lr=0.1).step, executors=thunder_fuser.executors())()

@@ -14,6 +14,7 @@ every thunder function in the process (ours or not), and says so in its module d
 | ``dynamo_fma`` | Dynamo's ``prims.fma`` (its ``addcmul_``/``addcdiv_``) went to Inductor: a single-tensor optimizer step came apart per parameter |
 | ``alias_keys`` | every call grouped its tensor arguments by storage in a Python loop: a third of an optimizer step's host time |
 | ``split_copies`` | ThunderFX kept a stale second copy of every tensor Dynamo's graph held (an optimizer's parameters and states) |
+| ``profiler_ranges`` | a ``record_function`` range (every torch optimizer's ``step``) failed ``thunder.jit`` |
 
 ``THUNDER_FUSER_PATCHES`` names the patches to apply (default: all of them).
 """
@@ -25,6 +26,7 @@ from thunder_fuser.patches.dce_tags import linear_dce
 from thunder_fuser.patches.dynamo_fma import register_dynamo_fma
 from thunder_fuser.patches.foreach_ops import register_foreach_ops
 from thunder_fuser.patches.nll_loss_backward import reshape_to_the_logits
+from thunder_fuser.patches.profiler_ranges import trace_ranges_as_nothing
 from thunder_fuser.patches.scalar_tensor_grads import sum_scalar_tensor_grads
 from thunder_fuser.patches.split_copies import share_split_tensors
 from thunder_fuser import config
@@ -36,7 +38,8 @@ PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_t
            "scalar_tensor_grads": sum_scalar_tensor_grads, "trace_cache": bound_thunders_trace_cache,
            "thunderfx_graphs": generate_each_pieces_code, "foreach_ops": lambda: bool(register_foreach_ops()),
            "dynamo_fma": register_dynamo_fma, "dce_tags": linear_dce,
-           "alias_keys": quick_alias_keys, "split_copies": share_split_tensors}
+           "alias_keys": quick_alias_keys, "split_copies": share_split_tensors,
+           "profiler_ranges": trace_ranges_as_nothing}
 
 
 def apply_patches() -> dict[str, bool]:
