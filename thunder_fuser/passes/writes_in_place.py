@@ -17,10 +17,10 @@ the whole tensor with the part written, then ``copy_`` of that copy back into th
 ``Tensor.__setitem__``; each returns the base) and the ``copy_`` into a ``shallow_copy`` of
 its result (a view: what the ``copy_`` returned, the base now written). Only where nothing
 can tell: the ``copy_`` is the very next op, writes the functional op's own base, and is the
-only reader of its result; so no read of the base's old value is moved past the write. An index or a value that is the base
-itself keeps the functional form. One that overlaps the base otherwise is read as eager reads
-it, by the same torch op (``index_copy_`` refuses an overlapping source with its error, as
-eager's does).
+only reader of its result; so no read of the base's old value is moved past the write. An
+index or a value that is the base itself keeps the functional form. One that overlaps the
+base otherwise is read as eager reads it, by the same torch op (both ``index_copy_`` and
+``__setitem__`` refuse an overlapping source with eager's error).
 """
 
 from __future__ import annotations
