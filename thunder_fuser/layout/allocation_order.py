@@ -249,7 +249,9 @@ def _view_strides(node: Node, src: Value, strides):
         return None
     if not isinstance(v, torch.Tensor):
         return None
-    return tuple(v.stride()) if v._is_view() else COPIED
+    if v._is_view():
+        return tuple(v.stride())
+    return COPIED if node.op == "reshape" else None
 
 
 def _converted_strides(node: Node, src: Value, result: dict, zeros: dict, real: dict, producers: dict) -> tuple[int, ...]:
