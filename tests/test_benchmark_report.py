@@ -335,12 +335,29 @@ def test_the_zoo_runs_a_process_per_model_and_gathers_their_tables(tmp_path, cap
     there are several), every model's JSON and log written, one table of all printed."""
     from benchmarks import zoo_parallel
 
-    assert zoo_parallel.main(["--models", "hf-GPT2,hf-ViT", "--gpus", "2", "--out", str(tmp_path), "--tiny",
-                              "--steps", "1", "--contenders", "eager"]) == 0
-    assert {p.name for p in tmp_path.iterdir()} == {"zoo-hf-GPT2.json", "zoo-hf-GPT2.log", "zoo-hf-ViT.json",
-                                                    "zoo-hf-ViT.log"}
+    import tarfile
+
+    bundle = tmp_path / "zoo.tar.gz"
+    out_dir = tmp_path / "out"
+    assert zoo_parallel.main(["--models", "hf-GPT2,hf-ViT", "--gpus", "2", "--out", str(out_dir), "--tiny",
+                              "--steps", "1", "--contenders", "eager", "--bundle", str(bundle)]) == 0
+    names = {"zoo-hf-GPT2.json", "zoo-hf-GPT2.log", "zoo-hf-ViT.json", "zoo-hf-ViT.log"}
+    assert {p.name for p in out_dir.iterdir()} == names
+    with tarfile.open(bundle) as tar:
+        assert set(tar.getnames()) == names
     out = capsys.readouterr().out
     assert "| hf-GPT2 | 2 (12) | eager |" in out and "| hf-ViT | 2 (12) | eager |" in out
+
+
+def test_the_zoo_stops_its_models_at_the_limit_and_starts_no_more(tmp_path, capsys):
+    """``--limit``: a call that must end by a deadline (a lent GPU's) stops what still runs and
+    reports it, and what never started, as failed."""
+    from benchmarks import zoo_parallel
+
+    assert zoo_parallel.main(["--models", "hf-GPT2,hf-ViT", "--gpus", "1", "--out", str(tmp_path), "--tiny",
+                              "--steps", "1", "--contenders", "eager", "--limit", "0.5"]) == 1
+    out = capsys.readouterr().out
+    assert "hf-GPT2 stopped at the 0.5 s limit" in out and "hf-ViT not started: the 0.5 s limit" in out
 
 
 def test_zoo_names_each_torch_kernel_outside_our_regions_and_why():
