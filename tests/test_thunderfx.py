@@ -81,3 +81,22 @@ def test_a_graph_break_splits_the_step_and_each_piece_runs_ours(torch_kernels):
     torch.testing.assert_close(results[1], results[0], atol=1e-5, rtol=1e-5)
     assert len(backend.subgraph_infos) == 2
     _assert_ours_ran_every_piece(backend)
+
+
+def test_a_thunder_pieces_output_that_inductors_piece_reads_has_eagers_strides(torch_kernels):
+    """An op thunder does not take (``kthvalue``) splits the graph: a thunder piece hands
+    Inductor's piece keys repeated per query head (an expand, then a reshape torch makes by
+    copying, row-major), and Inductor's code asserts their strides. Mistral-7B through
+    ThunderFX failed so on the GPU: the keys came back in their expanded source's order."""
+
+    def f(qkv):
+        b, s, _ = qkv.shape
+        k = qkv.view(b, s, 2, 8).transpose(1, 2)
+        k = k[:, :, None].expand(b, 2, 2, s, 8).reshape(b, 4, s, 8)
+        return torch.kthvalue(k, 2, dim=-1).values * 2
+
+    compiled, backend = _compiled(f)
+    x = torch.randn(2, 8, 16)
+    torch.testing.assert_close(compiled(x), f(x))
+    assert [str(r.reason_type) for info in backend.subgraph_infos for r in info.split_reasons] == [
+        "SplitReasonType.MISSING_OP_SUPPORT"]
