@@ -111,6 +111,7 @@ class _TrafficBeside:
     them behind what the current stream has queued, ``join`` makes the current stream wait."""
 
     def __init__(self, params, world: int):
+        self.on = True  # off: ``start`` queues nothing (the same step without the traffic)
         self.stream = torch.cuda.Stream()
         self.bufs = []
         for p in params:
@@ -121,6 +122,8 @@ class _TrafficBeside:
     def start(self) -> None:
         import torch.distributed as dist
 
+        if not self.on:
+            return
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
             for shard, full in self.bufs:
@@ -132,13 +135,16 @@ class _TrafficBeside:
         torch.cuda.current_stream().wait_stream(self.stream)
 
 
-def _median_ms(fn, n: int = 5) -> float:
+def _median_ms(fn, n: int = 5, cuda: bool = True) -> float:
+    """The median of ``n`` calls of ``fn``, each from an idle GPU to an idle GPU (``cuda``)."""
     times = []
     for _ in range(n):
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
 
@@ -153,11 +159,9 @@ def _floor_parts(step, backward, beside: _TrafficBeside, opt, world: int) -> dic
         backward()
         adamw = _median_ms(opt.step)
         opt.zero_grad(set_to_none=True)
-    started, beside.start = beside.start, lambda: None
-    try:
-        alone = _median_ms(step)
-    finally:
-        beside.start = started
+    beside.on = False
+    alone = _median_ms(step)
+    beside.on = True
     floor = _median_ms(step) - adamw * (world - 1) / world
     return {"nccl_alone_ms": round(nccl, 2), "adamw_ms": round(adamw, 2), "step_without_nccl_ms": round(alone, 2),
             "zero3_floor_ms": round(floor, 2)}
@@ -214,16 +218,7 @@ def _rank(rank: int, world: int, port: int, a, queue) -> None:
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            times = []
-            for _ in range(a.steps):
-                if cuda:
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                step()
-                if cuda:
-                    torch.cuda.synchronize()
-                times.append((time.perf_counter() - t0) * 1000)
-            ms = statistics.median(times)
+            ms = _median_ms(step, a.steps, cuda)
             r.update(step_ms=round(ms, 3), tokens_per_s=round(idx.numel() * world / ms * 1000))
             r["tokens_per_s_per_gpu"] = round(r["tokens_per_s"] / world)
             if cuda:

@@ -197,9 +197,8 @@ def hf_causal_lm(name: str, layers: int, tiny: bool, **options):
 
 def batch(built: Built, batch_size: int, seq: int, device="cpu", seed: int = 1):
     """Token ids and targets, a few targets ignored (a prompt's tokens), ``fitted`` to the
-    model's positions. An image model
-    takes as many images as ``batch_size * seq`` tokens fill (a patch a token, and the class
-    token), at least one, and a label each."""
+    model's positions. An image model takes as many images as ``batch_size * seq`` tokens
+    fill (a patch a token, and the class token), at least one, and a label each."""
     g = torch.Generator().manual_seed(seed)
     batch_size, seq = fitted(built, batch_size, seq)
     if built.image is not None:

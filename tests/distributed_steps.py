@@ -130,7 +130,7 @@ def _overlap_order(forward, backward) -> dict:
     just before the run that reads its result is at its reader."""
 
     def marker(b) -> bool:
-        return re.fullmatch(r"run\d+_(begin|end)", b.sym.name) is not None
+        return re.fullmatch(r"run\d+_begin", b.sym.name) is not None
 
     def ops(trace):
         return [b for b in trace.bound_symbols if b.sym.name not in ("del", "python_del") and not b.sym.name.startswith("comment")]

@@ -28,7 +28,7 @@ from thunder.core.prims import OpTags
 from thunder.core.proxies import TensorProxy
 from thunder.core.trace import TraceCtx, from_trace
 
-from thunder_fuser.passes.writes_in_place import in_place_ex
+from thunder_fuser.passes.writes_in_place import in_place_ex, reader_counts, written_meta
 
 _MOST = 1 << 26  # elements of a merged tensor: the host's tensor of write numbers is int32
 _PER_WRITE = 1 << 20  # elements of tensor per write merged, at most (the cost rule above)
@@ -62,11 +62,7 @@ def _fill_at_(a, keys, values):
     return a
 
 
-def _meta(a, keys, values):
-    return TensorProxy(like=a)
-
-
-fill_at_ = in_place_ex.register_operator("fuser_fill_at_", meta=_meta, fn=_fill_at_,
+fill_at_ = in_place_ex.register_operator("fuser_fill_at_", meta=written_meta, fn=_fill_at_,
                                          tags=(OpTags.IN_PLACE, OpTags.DONT_DCE))
 
 
@@ -110,11 +106,7 @@ def merge_constant_writes(trace: TraceCtx) -> TraceCtx:
     """``trace`` with each chain of constant writes (module docstring) one ``fuser_fill_at_``;
     ``trace`` itself where there is none."""
     bsyms = list(trace.bound_symbols)
-    readers: dict[str, int] = {}
-    for b in bsyms:
-        for p in b.flat_proxy_args:
-            if isinstance(p, TensorProxy):
-                readers[p.name] = readers.get(p.name, 0) + 1
+    readers = reader_counts(bsyms)
     out, i, changed = [], 0, False
     while i < len(bsyms):
         chain, j, into = [], i, None  # links, each writing into what the one before returned

@@ -45,15 +45,16 @@ def _setitem_(a, key, value):
     return a
 
 
-def _meta(a, *where_and_what):
+def written_meta(a, *where_and_what):
+    """A write in place returns its base."""
     return TensorProxy(like=a)
 
 
 # IN_PLACE: the fusion pass's guards (rematerialization, donation, views stored as copies)
 # see a trace that writes in place; DONT_DCE: the write stays where its result is unread
-index_copy_ = in_place_ex.register_operator("fuser_index_copy_", meta=_meta, fn=_index_copy_,
+index_copy_ = in_place_ex.register_operator("fuser_index_copy_", meta=written_meta, fn=_index_copy_,
                                             tags=(OpTags.IN_PLACE, OpTags.DONT_DCE))
-setitem_ = in_place_ex.register_operator("fuser_setitem_", meta=_meta, fn=_setitem_,
+setitem_ = in_place_ex.register_operator("fuser_setitem_", meta=written_meta, fn=_setitem_,
                                          tags=(OpTags.IN_PLACE, OpTags.DONT_DCE))
 
 
@@ -68,18 +69,20 @@ def _in_place_form(b):
     return None
 
 
-def _tensor_names(b) -> set[str]:
-    return {p.name for p in b.flat_proxy_args if isinstance(p, TensorProxy)}
+def reader_counts(bsyms) -> dict[str, int]:
+    """Tensor name -> how many ops of ``bsyms`` read it."""
+    readers: dict[str, int] = {}
+    for b in bsyms:
+        for name in {p.name for p in b.flat_proxy_args if isinstance(p, TensorProxy)}:
+            readers[name] = readers.get(name, 0) + 1
+    return readers
 
 
 def functional_writes_in_place(trace: TraceCtx) -> TraceCtx:
     """``trace`` with each functional write + ``copy_`` back into its base written in place
     (module docstring); ``trace`` itself where there is none."""
     bsyms = list(trace.bound_symbols)
-    readers: dict[str, int] = {}
-    for b in bsyms:
-        for name in _tensor_names(b):
-            readers[name] = readers.get(name, 0) + 1
+    readers = reader_counts(bsyms)
     changed = False
     for i in range(len(bsyms) - 1):
         b, c = bsyms[i], bsyms[i + 1]
