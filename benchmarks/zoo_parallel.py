@@ -10,6 +10,9 @@ of one. Each process writes its ``zoo-<model>.json`` into ``--out`` and its outp
 ``--limit`` stops the models still running after that many seconds (what they wrote so far
 stays: ``zoo-<model>.json.partial``) and starts no more; ``--bundle`` packs the folder's
 results and logs into one ``.tar.gz`` (a machine that hands back few files).
+``--per-gpu N`` runs N models on each GPU at once: a coverage run (does every model step,
+and match eager?) whose timings are shared with the other models on that GPU, so read
+none of them as a step's time.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results", help="folder for zoo-<model>.json and .log")
     ap.add_argument("--gpus", type=int, help="processes at once (default: the GPUs torch sees)")
     ap.add_argument("--limit", type=float, help="seconds after which the running models stop and no more start")
+    ap.add_argument("--per-gpu", type=int, default=1,
+                    help="models at once on each GPU (default 1; more for a coverage run, whose timings are shared)")
     ap.add_argument("--bundle", help="a .tar.gz to pack every zoo-<model>.json, .json.partial and .log of --out into")
     a, rest = ap.parse_known_args(argv)
     if a.gpus is None:
@@ -45,31 +50,32 @@ def main(argv=None) -> int:
     start = time.monotonic()
     while waiting or running:
         if a.limit is not None and time.monotonic() - start > a.limit:
-            for gpu, (name, proc) in running.items():
+            for slot, (name, proc) in running.items():
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                print(f"[gpu {gpu}] {name} stopped at the {a.limit:g} s limit", flush=True)
+                print(f"[gpu {slot % a.gpus}] {name} stopped at the {a.limit:g} s limit", flush=True)
                 codes[name] = -9
             for name in waiting:
                 print(f"{name} not started: the {a.limit:g} s limit", flush=True)
                 codes[name] = -9
             running, waiting = {}, []
             break
-        for gpu in range(a.gpus):
-            if gpu not in running and waiting:
+        for slot in range(a.gpus * a.per_gpu):
+            gpu = slot % a.gpus
+            if slot not in running and waiting:
                 name = waiting.pop(0)
                 log = open(os.path.join(a.out, f"zoo-{name}.log"), "w")
                 env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
                 cmd = [sys.executable, "-m", "benchmarks.zoo", "--models", name, "--out", a.out, *rest]
                 # a session of its own: at the limit its compile workers stop with it
-                running[gpu] = (name, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                running[slot] = (name, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                        start_new_session=True))
                 print(f"[gpu {gpu}] {name} ...", flush=True)
-        for gpu, (name, proc) in list(running.items()):
+        for slot, (name, proc) in list(running.items()):
             if proc.poll() is not None:
                 codes[name] = proc.returncode
-                print(f"[gpu {gpu}] {name} exited {proc.returncode}", flush=True)
-                del running[gpu]
+                print(f"[gpu {slot % a.gpus}] {name} exited {proc.returncode}", flush=True)
+                del running[slot]
         time.sleep(1)
     from benchmarks.zoo import report
 
