@@ -100,3 +100,54 @@ def test_a_thunder_pieces_output_that_inductors_piece_reads_has_eagers_strides(t
     torch.testing.assert_close(compiled(x), f(x))
     assert [str(r.reason_type) for info in backend.subgraph_infos for r in info.split_reasons] == [
         "SplitReasonType.MISSING_OP_SUPPORT"]
+
+
+def test_the_splitter_asks_the_compilers_executors_which_ops_thunder_takes():
+    """``patches/splitter_executors.py``: ThunderFX decides which ops thunder takes by running
+    their meta and gradient under the executors the compiler was given, not thunder's
+    defaults. An executor whose gradient of ``sin`` fails in its meta sends ``sin`` to
+    Inductor; thunder's own rule, which the splitter asked before, would have kept it."""
+    import thunder.torch as ltorch
+    from thunder.extend import OperatorExecutor
+
+    probe = OperatorExecutor("splitter_probe", version="0")
+    sin = probe.register_operator("probe_sin", like=ltorch.sin, fn=torch.sin)
+
+    def refuse(a):
+        raise ValueError("the probe's gradient of sin has no meta")
+
+    probe.register_implementation(ltorch.sin, sin, checker=lambda a: True, grad_transform=refuse)
+    torch._dynamo.reset()
+    backend = ThunderCompiler(executors=[probe])
+    x = torch.randn(8, requires_grad=True)
+    compiled = torch.compile(lambda t: t.sin() * 2, backend=backend)
+    compiled(x).sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+    reasons = [r.exception for info in backend.subgraph_infos for r in info.split_reasons or ()]
+    assert reasons == ["the probe's gradient of sin has no meta"], reasons
+
+
+@pytest.mark.cuda
+def test_attention_with_a_batch_broadcast_mask_stays_in_thunder_and_its_gradients_match_eager():
+    """litgpt's sliding-window layers (Mistral, Phi-3) hand SDPA a ``(1, 1, T, T)`` mask for a
+    batch of 2. thunder's ``sdpa_ex`` gradient rule refuses a mask broadcast over the batch,
+    and the splitter asked it rather than our executors: the attention went to an Inductor
+    piece, and on the H200 the query/key/value gradients came back 130% off (the loss right).
+    With the compiler's own executors asked, our attention executor (cuDNN) takes it."""
+
+    def f(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2) * 2
+
+    t = 256
+    q, k, v = (torch.randn(2, 8, t, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    mask = torch.full((t, t), float("-inf"), device="cuda", dtype=torch.bfloat16).triu(1).view(1, 1, t, t)
+    g = torch.randn(2, t, 8, 128, device="cuda", dtype=torch.bfloat16)
+    f(q, k, v, mask).backward(g)
+    want = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    compiled, backend = _compiled(f)
+    compiled(q, k, v, mask).backward(g)
+    assert not [r for info in backend.subgraph_infos for r in info.split_reasons or ()]
+    for x, w in zip((q, k, v), want):
+        torch.testing.assert_close(x.grad, w, atol=2e-2, rtol=2e-2)

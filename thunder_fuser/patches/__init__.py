@@ -15,6 +15,7 @@ every thunder function in the process (ours or not), and says so in its module d
 | ``alias_keys`` | every call grouped its tensor arguments by storage in a Python loop: a third of an optimizer step's host time |
 | ``split_copies`` | ThunderFX kept a stale second copy of every tensor Dynamo's graph held (an optimizer's parameters and states) |
 | ``profiler_ranges`` | a ``record_function`` range (every torch optimizer's ``step``) failed ``thunder.jit`` |
+| ``splitter_executors`` | ThunderFX's splitter asked thunder's default executors, not the compiler's, which op thunder takes: on a GPU an attention with a batch-broadcast mask went to Inductor, its gradients silently wrong |
 
 ``THUNDER_FUSER_PATCHES`` names the patches to apply (default: all of them).
 """
@@ -29,6 +30,7 @@ from thunder_fuser.patches.nll_loss_backward import reshape_to_the_logits
 from thunder_fuser.patches.profiler_ranges import trace_ranges_as_nothing
 from thunder_fuser.patches.scalar_tensor_grads import sum_scalar_tensor_grads
 from thunder_fuser.patches.split_copies import share_split_tensors
+from thunder_fuser.patches.splitter_executors import ask_the_compilers_executors
 from thunder_fuser import config
 from thunder_fuser.patches.thunderfx_graphs import generate_each_pieces_code
 from thunder_fuser.patches.trace_cache import bound_thunders_trace_cache
@@ -39,7 +41,7 @@ PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_t
            "thunderfx_graphs": generate_each_pieces_code, "foreach_ops": lambda: bool(register_foreach_ops()),
            "dynamo_fma": register_dynamo_fma, "dce_tags": linear_dce,
            "alias_keys": quick_alias_keys, "split_copies": share_split_tensors,
-           "profiler_ranges": trace_ranges_as_nothing}
+           "profiler_ranges": trace_ranges_as_nothing, "splitter_executors": ask_the_compilers_executors}
 
 
 def apply_patches() -> dict[str, bool]:
