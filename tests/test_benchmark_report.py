@@ -210,7 +210,8 @@ def test_several_models_run_each_in_a_process_of_its_own(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("module", ["models", "run", "decode", "distributed", "cross_entropy", "segmentation_time",
-                                    "profile_one", "warm_cache", "summary", "optimizer"])
+                                    "profile_one", "warm_cache", "summary", "optimizer",
+                                    "thunderfx_coverage"])
 def test_every_benchmark_command_explains_itself(module, capsys):
     """issue 62: --help describes the command and each option with its default, names the
     models and contenders (the model benchmark), and runs nothing."""
@@ -535,3 +536,31 @@ def test_a_model_whose_positions_end_before_the_sequence_takes_more_rows_of_its_
     assert idx.shape == targets.shape == (4, built.max_seq)
     assert built.module(idx, targets).isfinite()
     assert run_config(built, 2, 2 * built.max_seq)["seq"] == built.max_seq
+
+
+def test_the_thunderfx_coverage_names_every_model_and_why_one_did_not_match(tmp_path):
+    """``benchmarks.thunderfx_coverage``: a coverage run's zoo JSONs become one line a model,
+    the ones that did not match eager first, with the check's words; ``--update`` keeps the
+    models a second run did not step."""
+    from benchmarks import thunderfx_coverage
+
+    def zoo(folder, name, **contender):
+        folder.mkdir(exist_ok=True)
+        (folder / f"zoo-{name}.json").write_text(json.dumps({
+            "name": name, "layers": 2, "full_depth": 16, "device": "a GPU",
+            "contenders": {"thunderfx+fuser": {"error": None, "step_ms": 5.0, "kernels_per_step": 120,
+                                               "gpu_ms_by_kind": {"torch": 0.3}, "fallbacks": [], **contender}}}))
+
+    zoo(tmp_path / "run1", "right")
+    zoo(tmp_path / "run1", "wrong", error="wrong result: gradient of w off by 6.20e-01")
+    out = tmp_path / "coverage.json"
+    assert thunderfx_coverage.main([str(tmp_path / "run1"), "--out", str(out), "--note", "two at once"]) == 0
+    doc = json.loads(out.read_text())
+    lines = thunderfx_coverage.table(doc).splitlines()[2:]
+    assert lines[0].startswith("| wrong | 2 (16) | **no** |") and lines[0].endswith("off by 6.20e-01 |")
+    assert lines[1].startswith("| right | 2 (16) | yes | 120 | 0.3 | 0 | 5.0 |")
+    zoo(tmp_path / "run2", "wrong")
+    thunderfx_coverage.main([str(tmp_path / "run2"), "--out", str(out), "--update"])
+    doc = json.loads(out.read_text())
+    assert {r["model"]: r["matches_eager"] for r in doc["models"]} == {"right": True, "wrong": True}
+    assert doc["note"] == "two at once"

@@ -202,3 +202,30 @@ def test_new_strides_at_run_time_reuse_the_trace_correctly():
     y = make((2, 3, 4, 5), torch.float32)
     for x in (base, base.transpose(1, 3).contiguous().transpose(1, 3), base.contiguous(memory_format=torch.channels_last)):
         torch.testing.assert_close(jfn(x, y), fn(x, y))
+
+
+def test_every_grad_transform_of_ours_takes_its_symbols_positional_parameters():
+    """thunder's vjp (``vjp_utils.make_aug_forward_and_backward``) pairs a symbol's positional
+    parameters with the grad transform's traced arguments one to one: a grad transform that
+    takes a keyword-only parameter positionally fails there. ``thunder.jit`` never met it;
+    ThunderFX's splitter, asking our executors (``patches/splitter_executors.py``), sent every
+    ``gelu`` to Inductor (``zip() argument 2 is longer than argument 1``)."""
+    import inspect
+
+    import thunder.torch as ltorch
+
+    import thunder_fuser
+
+    positional = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
+    symbols = {s.id: s for s in vars(ltorch).values() if hasattr(s, "id") and hasattr(s, "meta")}
+    seen = 0
+    for ex in thunder_fuser.executors():
+        for sym_id, info in getattr(ex, "_implmap", {}).items():
+            if getattr(info, "grad_transform", None) is None or not ex.name.startswith("fuser"):
+                continue
+            sym = info.symbol or symbols[sym_id]
+            want = [n for n, p in inspect.signature(sym.meta).parameters.items() if p.kind in positional]
+            got = [n for n, p in inspect.signature(info.grad_transform).parameters.items() if p.kind in positional]
+            assert len(got) == len(want), (sym.name, want, got)
+            seen += 1
+    assert seen >= 5

@@ -71,13 +71,15 @@ def _gelu_math(x, approximate):
     return x * 0.5 * (1.0 + ltorch.erf(x * (1.0 / math.sqrt(2.0))))
 
 
-def _gelu_once(a, approximate="none"):
+def _gelu_once(a, /, *, approximate="none"):
     return ltorch.to(_gelu_math(ltorch.to(a, _opmath(a)), approximate), a.dtype)
 
 
-def _gelu_grad(a, approximate="none"):
-    """torch's ``gelu_backward``: from the input and cotangent in the compute dtype, rounded once."""
-    out = _gelu_once(a, approximate)
+def _gelu_grad(a, /, *, approximate="none"):
+    """torch's ``gelu_backward``: from the input and cotangent in the compute dtype, rounded once.
+    Its signature is ``ltorch.gelu``'s: thunder's vjp pairs the symbol's positional
+    parameters with the grad transform's (ThunderFX's splitter failed on every gelu else)."""
+    out = _gelu_once(a, approximate=approximate)
     x, g = ltorch.to(a, _opmath(a)), ltorch.to(get_grad(out), _opmath(a))
     if approximate == "tanh":
         beta, kappa = math.sqrt(2.0 / math.pi), 0.044715
