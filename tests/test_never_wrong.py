@@ -5,6 +5,8 @@ compares with eager on values, dtypes and every input the program writes."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import thunder
 import torch
@@ -372,6 +374,24 @@ def _share_differing(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got.float() != want.float()).float().mean().item()
 
 
+def _host_erf_gap(name: str, x: torch.Tensor, g: torch.Tensor | None = None) -> float:
+    """How often this host's eager erf-gelu (its forward, or with ``g`` its backward) differs
+    from the same formula in fp32 torch ops rounded once, which is what we compute: torch's
+    AVX512 CPU gelu kernels take a vectorized erf of their own, and on an AVX512 host 2.8% of
+    bf16 results differ from ``torch.erf``'s (0 on the GPU and on AVX2 hosts). 0 for the
+    other activations."""
+    if name != "gelu" or x.device.type != "cpu":
+        return 0.0
+    xf = x.float()
+    cdf = 0.5 * (1.0 + torch.erf(xf * (1.0 / math.sqrt(2.0))))
+    if g is None:
+        return _share_differing((xf * cdf).to(x.dtype), F.gelu(x))
+    slope = cdf + xf * torch.exp(-0.5 * xf * xf) * (1.0 / math.sqrt(2.0 * math.pi))
+    leaf = x.clone().requires_grad_()
+    F.gelu(leaf).backward(g)
+    return _share_differing((g.float() * slope).to(x.dtype), leaf.grad)
+
+
 @pytest.mark.parametrize("name", ACTIVATIONS)
 def test_an_activation_of_16_bit_floats_rounds_once_as_eager(backend, name):
     """thunder decomposes these into torch-level ops that each round a bf16 intermediate;
@@ -380,7 +400,7 @@ def test_an_activation_of_16_bit_floats_rounds_once_as_eager(backend, name):
     kernels do not compute in fp32, its CUDA kernels and its bf16 ones do.)"""
     f = ACTIVATIONS[name]
     x = (torch.randn(1 << 12) * 3).to(torch.bfloat16)
-    assert _share_differing(thunder.jit(f, executors=[fuser_ex])(x), f(x)) < 0.01
+    assert _share_differing(thunder.jit(f, executors=[fuser_ex])(x), f(x)) < 0.01 + _host_erf_gap(name, x)
 
 
 @pytest.mark.parametrize("name", ["gelu", "gelu tanh", "silu"])
@@ -391,13 +411,14 @@ def test_the_gradient_of_gelu_and_silu_of_16_bit_floats_rounds_once_as_eager(bac
     f = ACTIVATIONS[name]
     x = (torch.randn(1 << 12) * 3).to(torch.bfloat16)
     grads = []
+    g = torch.linspace(-2, 2, x.numel(), dtype=x.dtype)
     for fn in (thunder.jit(f, executors=thunder_fuser.executors()), f):
         leaf = x.clone().requires_grad_()
         out = fn(leaf)
-        out.backward(torch.linspace(-2, 2, out.numel(), dtype=out.dtype))
+        out.backward(g)
         grads.append((out.detach(), leaf.grad))
-    assert _share_differing(grads[0][0], grads[1][0]) < 0.01
-    assert _share_differing(grads[0][1], grads[1][1]) < 0.01
+    assert _share_differing(grads[0][0], grads[1][0]) < 0.01 + _host_erf_gap(name, x)
+    assert _share_differing(grads[0][1], grads[1][1]) < 0.01 + _host_erf_gap(name, x, g)
 
 
 # programs of the pointwise template's variants (bias, ragged 1-D, cat/pad pieces along N and
