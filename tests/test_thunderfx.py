@@ -132,8 +132,8 @@ def test_attention_with_a_batch_broadcast_mask_stays_in_thunder_and_its_gradient
     """litgpt's sliding-window layers (Mistral, Phi-3) hand SDPA a ``(1, 1, T, T)`` mask for a
     batch of 2. thunder's ``sdpa_ex`` gradient rule refuses a mask broadcast over the batch,
     and the splitter asked it rather than our executors: the attention went to an Inductor
-    piece, and on the H200 the query/key/value gradients came back 130% off (the loss right).
-    With the compiler's own executors asked, our attention executor (cuDNN) takes it."""
+    piece. With the compiler's own executors asked, our attention executor (cuDNN) takes it,
+    and its gradients are eager's (passed on the H200)."""
 
     def f(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2) * 2

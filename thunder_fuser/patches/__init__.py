@@ -15,7 +15,7 @@ every thunder function in the process (ours or not), and says so in its module d
 | ``alias_keys`` | every call grouped its tensor arguments by storage in a Python loop: a third of an optimizer step's host time |
 | ``split_copies`` | ThunderFX kept a stale second copy of every tensor Dynamo's graph held (an optimizer's parameters and states) |
 | ``profiler_ranges`` | a ``record_function`` range (every torch optimizer's ``step``) failed ``thunder.jit`` |
-| ``splitter_executors`` | ThunderFX's splitter asked thunder's default executors, not the compiler's, which op thunder takes: on a GPU an attention with a batch-broadcast mask went to Inductor, its gradients silently wrong |
+| ``splitter_executors`` | ThunderFX's splitter asked thunder's default executors, not the compiler's, which op thunder takes: on a GPU an attention with a batch-broadcast mask went to Inductor, and an op only the defaults pass failed in ``thunder.jit`` |
 
 ``THUNDER_FUSER_PATCHES`` names the patches to apply (default: all of them).
 """
