@@ -374,22 +374,29 @@ def _share_differing(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got.float() != want.float()).float().mean().item()
 
 
-def _host_erf_gap(name: str, x: torch.Tensor, g: torch.Tensor | None = None) -> float:
-    """How often this host's eager erf-gelu (its forward, or with ``g`` its backward) differs
-    from the same formula in fp32 torch ops rounded once, which is what we compute: torch's
-    AVX512 CPU gelu kernels take a vectorized erf of their own, and on an AVX512 host 2.8% of
-    bf16 results differ from ``torch.erf``'s (0 on the GPU and on AVX2 hosts). 0 for the
-    other activations."""
-    if name != "gelu" or x.device.type != "cpu":
-        return 0.0
+def _erf_gelu_once(x: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+    """erf-gelu of ``x`` (with ``g``: its gradient) in fp32 torch ops, rounded once to ``x``'s
+    dtype: what we compute, and what eager computes where its gelu kernel's erf is
+    ``torch.erf``'s."""
     xf = x.float()
     cdf = 0.5 * (1.0 + torch.erf(xf * (1.0 / math.sqrt(2.0))))
     if g is None:
-        return _share_differing((xf * cdf).to(x.dtype), F.gelu(x))
+        return (xf * cdf).to(x.dtype)
     slope = cdf + xf * torch.exp(-0.5 * xf * xf) * (1.0 / math.sqrt(2.0 * math.pi))
-    leaf = x.clone().requires_grad_()
-    F.gelu(leaf).backward(g)
-    return _share_differing((g.float() * slope).to(x.dtype), leaf.grad)
+    return (g.float() * slope).to(x.dtype)
+
+
+def _as_eager(name: str, got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, g=None) -> None:
+    """``got`` as eager's ``want`` but for a rare tie. torch's AVX512 CPU gelu kernels (forward
+    and backward) take a vectorized erf of their own: on such a host 2.8% of bf16 results
+    differ from ``torch.erf``'s (none on the GPU or on AVX2 hosts). There ``got`` may differ
+    from eager as much as the once-rounded formula does, and must be that formula's."""
+    gap = 0.0
+    if name == "gelu" and x.device.type == "cpu":
+        once = _erf_gelu_once(x, g)
+        gap = _share_differing(once, want)
+        assert _share_differing(got, once) < 0.01
+    assert _share_differing(got, want) < 0.01 + gap
 
 
 @pytest.mark.parametrize("name", ACTIVATIONS)
@@ -400,7 +407,7 @@ def test_an_activation_of_16_bit_floats_rounds_once_as_eager(backend, name):
     kernels do not compute in fp32, its CUDA kernels and its bf16 ones do.)"""
     f = ACTIVATIONS[name]
     x = (torch.randn(1 << 12) * 3).to(torch.bfloat16)
-    assert _share_differing(thunder.jit(f, executors=[fuser_ex])(x), f(x)) < 0.01 + _host_erf_gap(name, x)
+    _as_eager(name, thunder.jit(f, executors=[fuser_ex])(x), f(x), x)
 
 
 @pytest.mark.parametrize("name", ["gelu", "gelu tanh", "silu"])
@@ -417,8 +424,8 @@ def test_the_gradient_of_gelu_and_silu_of_16_bit_floats_rounds_once_as_eager(bac
         out = fn(leaf)
         out.backward(g)
         grads.append((out.detach(), leaf.grad))
-    assert _share_differing(grads[0][0], grads[1][0]) < 0.01 + _host_erf_gap(name, x)
-    assert _share_differing(grads[0][1], grads[1][1]) < 0.01 + _host_erf_gap(name, x, g)
+    _as_eager(name, grads[0][0], grads[1][0], x)
+    _as_eager(name, grads[0][1], grads[1][1], x, g)
 
 
 # programs of the pointwise template's variants (bias, ragged 1-D, cat/pad pieces along N and
