@@ -29,7 +29,7 @@ import math
 import torch
 import thunder.core.dtypes as dtypes
 import thunder.torch as ltorch
-from thunder.core.proxies import TensorProxy
+from thunder.core.proxies import NumberProxy, TensorProxy
 from thunder.core.transforms import get_grad, put_grads
 from thunder.extend import OperatorExecutor, register_executor
 
@@ -85,9 +85,9 @@ def _forward(q, k, v, bias, is_causal: bool, scale: float):
 
 
 def _laid_out_like(model: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``t`` in ``model``'s dim order, as cuDNN's attention allocates its output and
-    gradients (like its query, key and value): on the CPU, so that the tests meet the
-    layouts the GPU gives."""
+    """``t`` in ``model``'s dim order: on the CPU as cuDNN's attention allocates its output
+    and gradients (like its query, key and value), so that the tests meet the layouts the GPU
+    gives; on the GPU the output's gradient as cuDNN's backward must read it (like the output)."""
     if t.stride() == model.stride():
         return t
     # empty_like keeps a dense tensor's strides; torch's strides of an overlapping or
@@ -101,6 +101,11 @@ def _backward_meta(g, q, k, v, out, lse, seed, offset, bias, is_causal: bool, sc
 
 def _backward(g, q, k, v, out, lse, seed, offset, bias, is_causal: bool, scale: float):
     if q.device.type == "cuda":
+        # cuDNN's backward reads the output's gradient in the output's strides: torch 2.11
+        # builds and caches its plan per shape and q/k/v/out strides, so a gradient laid out
+        # otherwise than the call that built the plan comes back silently wrong (1.4 relative
+        # error, H200, benchmarks/RESULTS.md "Known torch bugs"). Hand it over like ``out``.
+        g = _laid_out_like(out, g)
         # cum_seq_q/k: None (undefined: not a nested batch); max_q/k: the sequence lengths
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             g, q, k, v, out, lse, seed, offset, cudnn_bias(bias), None, None, q.shape[2], k.shape[2], 0.0, is_causal, scale=scale)
@@ -141,7 +146,19 @@ def _bias(mask, q, k):
     return ltorch.expand(mask, _bias_shape(q, k))
 
 
+def _known(x):
+    """A number as the checker reads it. ThunderFX's splitter asks with the call's numbers
+    as static number proxies (``dropout_p=FloatProxy(0.0)``, ``is_causal=IntegerProxy(False)``
+    from litgpt's explicit arguments): read as numbers, or every such attention on a GPU was
+    refused here and went to ``sdpa_ex`` (whose gradient refuses a batch-broadcast mask, so
+    the splitter sent it to Inductor). A dynamic one stays a proxy and is refused."""
+    if isinstance(x, NumberProxy) and not x.is_dynamic():
+        return x.value
+    return x
+
+
 def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:
+    dropout_p, is_causal = _known(dropout_p), _known(is_causal)
     qkv = (query, key, value)
     if dropout_p != 0.0 or not all(isinstance(t, TensorProxy) and t.ndim == 4 for t in qkv):
         return False
@@ -187,11 +204,11 @@ def _cudnn_runs(q, k, v, mask_sizes, is_causal: bool) -> bool:
 
 def _execution(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
     bias = _bias(attn_mask, query, key)
-    return attention_forward(query, key, value, bias, is_causal, _scale(query, scale))[0]
+    return attention_forward(query, key, value, bias, _known(is_causal), _scale(query, _known(scale)))[0]
 
 
 def _grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
-    s = _scale(query, scale)
+    s, is_causal = _scale(query, _known(scale)), _known(is_causal)
     bias = _bias(attn_mask, query, key)
     out, lse, seed, offset = attention_forward(query, key, value, bias, is_causal, s)
     g = get_grad(out)
