@@ -104,7 +104,7 @@ def _backward(g, q, k, v, out, lse, seed, offset, bias, is_causal: bool, scale: 
         # cuDNN's backward reads the output's gradient in the output's strides: torch 2.11
         # builds and caches its plan per shape and q/k/v/out strides, so a gradient laid out
         # otherwise than the call that built the plan comes back silently wrong (1.4 relative
-        # error, H200, benchmarks/RESULTS.md "Known torch bugs"). Hand it over like ``out``.
+        # error on the H200: tests/test_attention.py, the layouts test). Hand it over like ``out``.
         g = _laid_out_like(out, g)
         # cum_seq_q/k: None (undefined: not a nested batch); max_q/k: the sequence lengths
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(

@@ -13,9 +13,8 @@ defaults pass and the compiler's executors refuse went to ``thunder.jit`` and fa
 
 Here the splitter's check runs under the executors the ``ThunderCompiler`` was given
 (``executors=...``), so what it asks is what will run. A compiler given none keeps thunder's
-defaults, as before. (Those two models' gradients through ThunderFX on CUDA are wrong with
-this patch and without it, with thunder's executors too: an open bug, not this one;
-``tests/test_thunderfx.py`` holds it as a strict xfail.)
+defaults, as before. (For our attention executor to say yes there, it reads the splitter's
+number proxies as numbers: ``attention._known``.)
 """
 
 from __future__ import annotations
