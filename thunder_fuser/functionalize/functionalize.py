@@ -3,7 +3,8 @@
 thunder 0.2.6 records ``x.add_(y)`` as ``t = add(x, y); r = copy_(t, x)`` wrapped in
 ``update_aliases`` calls that order later reads. Inside one region we:
 
-1. drop ``update_aliases`` of a single tensor: with one alias it is the identity on values;
+1. drop ``update_aliases`` of a single tensor (once or repeated): with one alias it is the
+   identity on values;
    groups of several aliases (views of one base) stay, as memory barriers;
 2. rewrite ``copy_(computed, dst)`` into ``copy_to_out_(computed, out=dst)`` when the
    contract of the thunder PR holds: ``computed`` is produced in this region by a compute
@@ -67,8 +68,10 @@ def functionalize(region: Region) -> Region:
     for node in region.nodes:
         node.args = map_values(node.args, swap)
         node.kwargs = {k: map_values(v, swap) for k, v in node.kwargs.items()}
-        if node.op == "update_aliases" and len(node.args[0]) == 1:
-            subst[id(node.outputs[0])] = node.args[0][0]
+        if node.op == "update_aliases" and len({id(a) for a in node.args[0]}) == 1:
+            # one tensor (thunder also lists a written list element twice): the identity
+            for o in node.outputs:
+                subst[id(o)] = node.args[0][0]
             continue
         if node.op == "copy_" and node.args[0] is node.args[1]:
             # ``x.copy_(x)`` changes nothing, and torch runs it as nothing, an expanded ``x``

@@ -1,0 +1,215 @@
+"""``thunder.jit(optimizer.step, executors=...)`` for torch's ``Adam``, ``AdamW`` and ``SGD``.
+
+thunder's interpreter cannot trace torch's ``step``: its state is a dict keyed by parameter
+(a proxy finds nothing there and a first step's state would be built inside the trace), and
+it reads the step count on the host (thunder issues 1055 and 1057). So the step is split
+where torch splits it:
+
+* on the host, as torch does: the optimizer's hooks, the closure, the step counters
+  (``state["step"] += 1`` for all of them in one ``_foreach_add_``) and what torch computes
+  from them in double (bias corrections, ``1 - lr * weight_decay``, ``-lr / bias_correction1``),
+  written into one small tensor on the parameters' device;
+* through ``thunder.jit`` with the caller's executors: every parameter's and state tensor's
+  update of a param group (``optimizers/updates.py``), one trace for the group, each write
+  in place into the optimizer's own tensors.
+
+A learning rate a schedule changes, a new step count: new numbers in that tensor, never a
+new trace. What this cannot run as torch would runs as torch's own step, for that call only
+(``eager_steps`` counts them): a step where a parameter has no state yet (the first: torch
+builds the state, as it would), sparse or complex gradients, ``capturable`` or
+``differentiable``, tensor betas, a group whose parameters are at different step counts or
+on several devices or of fp64 and other dtypes mixed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from itertools import chain
+
+import torch
+from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+from thunder_fuser.optimizers import updates
+
+_ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
+_SGD_STEP = inspect.unwrap(torch.optim.SGD.step)
+
+
+def optimizer_of(step) -> torch.optim.Optimizer | None:
+    """The optimizer whose ``step`` this is: a bound ``step``, or the wrapper an lr
+    scheduler puts over ``opt.step`` (it holds the optimizer by a weak reference)."""
+    opt = getattr(step, "__self__", None)
+    if opt is None and getattr(step, "_wrapped_by_lr_sched", False):
+        for cell in step.__closure__ or ():
+            ref = cell.cell_contents
+            if isinstance(ref, weakref.ref) and isinstance(ref(), torch.optim.Optimizer):
+                opt = ref()
+    return opt if isinstance(opt, torch.optim.Optimizer) and getattr(step, "__name__", None) == "step" else None
+
+
+def kind_of(opt: torch.optim.Optimizer | None) -> str | None:
+    """"adam" or "sgd" for an optimizer whose ``step`` is torch's own (a subclass that keeps
+    it: ``AdamW`` is one), else None (thunder traces it as it would)."""
+    if opt is None:
+        return None
+    return {_ADAM_STEP: "adam", _SGD_STEP: "sgd"}.get(inspect.unwrap(type(opt).step))
+
+
+class JittedOptimizerStep:
+    """A torch optimizer's ``step`` whose updates run through ``thunder.jit``; call it as the
+    step. ``last_traces``/``thunder.last_traces(it)`` show the update's trace."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, kind: str, jit, **jit_kwargs):
+        self.optimizer, self.kind = optimizer, kind
+        self.update = jit(updates.adam if kind == "adam" else updates.sgd, **jit_kwargs)
+        # thunder.last_traces(step) and compile_stats read these
+        self._lc_cd, self._lc_cs = getattr(self.update, "_lc_cd", None), getattr(self.update, "_lc_cs", None)
+        self.eager_steps = self.jitted_steps = 0
+        self._scalars: dict = {}  # (group, device, dtype, count) -> the scalars' tensor there
+        self._host_steps: dict = {}  # id(step tensor on a device) -> (tensor, version, value)
+
+    def __call__(self, closure=None):
+        opt = self.optimizer
+        args, kwargs = (opt,), ({"closure": closure} if closure is not None else {})
+        for hook in chain(_global_optimizer_pre_hooks.values(), opt._optimizer_step_pre_hooks.values()):
+            result = hook(opt, args, kwargs)
+            if result is not None:
+                args, kwargs = result
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            calls = [self._group_call(group) for group in opt.param_groups]
+            if any(c is False for c in calls):
+                self._torch_step()
+                self.eager_steps += 1
+            else:
+                for call in calls:
+                    if call is not None:
+                        call()
+                self.jitted_steps += 1
+        opt._opt_called = True  # what an lr scheduler's wrapper of ``opt.step`` would mark
+        opt._optimizer_step_code()
+        for hook in chain(opt._optimizer_step_post_hooks.values(), _global_optimizer_post_hooks.values()):
+            hook(opt, args, kwargs)
+        return loss
+
+    def _torch_step(self) -> None:
+        """torch's own step, without its hooks (they ran) and its closure (evaluated)."""
+        step = type(self.optimizer).step
+        inner = step.__wrapped__ if getattr(step, "hooked", False) else step
+        inner(self.optimizer)
+
+    def _group_call(self, group: dict):
+        """A call running ``group``'s update through thunder; None where no parameter has a
+        gradient, False where this step must be torch's own."""
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return None
+        if group.get("differentiable") or group.get("capturable"):
+            return False
+        if any(p.grad.is_sparse or p.is_complex() or p.grad.is_complex() for p in params):
+            return False
+        if len({p.device for p in params}) != 1 or len({updates.math_dtype(p.dtype) for p in params}) != 1:
+            return False
+        states = [self.optimizer.state.get(p) for p in params]
+        grads = [p.grad for p in params]
+        if self.kind == "adam":
+            return self._adam_call(group, params, grads, states)
+        return self._sgd_call(group, params, grads, states)
+
+    def _adam_call(self, group, params, grads, states):
+        beta1, beta2 = group["betas"]
+        if isinstance(beta1, torch.Tensor) or isinstance(beta2, torch.Tensor):
+            return False
+        amsgrad = group["amsgrad"]
+        needed = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
+        if not all(s and all(k in s for k in needed) for s in states):
+            return False  # a first step: torch builds the state
+        steps = [s["step"] for s in states]
+        step = self._common_step(steps)
+        if step is None:
+            return False
+        step += 1
+        lr, wd, fused = _number(group["lr"]), group["weight_decay"], bool(group.get("fused"))
+        decoupled = bool(group.get("decoupled_weight_decay", isinstance(self.optimizer, torch.optim.AdamW)))
+        bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
+        if fused:  # fused_adam_utils.cuh: param -= lr * wd * param; param -= lr / bc1 * m / denom
+            values = (lr * wd, lr / bc1, bc2 ** 0.5)
+        else:  # _single_tensor_adam: param.mul_(1 - lr * wd); param.addcdiv_(m, denom, value=-lr / bc1)
+            values = (1 - lr * wd, -(lr / bc1), bc2 ** 0.5)
+        scalars = self._scalars_on(group, params[0], values)
+        lists = (params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                 [s["max_exp_avg_sq"] for s in states] if amsgrad else [])
+        constants = dict(beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=wd, decoupled=decoupled,
+                         amsgrad=amsgrad, maximize=group["maximize"], fused=fused)
+
+        def call():
+            self._count(steps)
+            self.update(*lists, scalars, **constants)
+
+        return call
+
+    def _sgd_call(self, group, params, grads, states):
+        momentum = group["momentum"]
+        buffers = [s.get("momentum_buffer") if s else None for s in states] if momentum != 0 else []
+        if momentum != 0 and any(b is None for b in buffers):
+            return False  # a first step: torch makes the buffers from the gradients
+        scalars = self._scalars_on(group, params[0], (-_number(group["lr"]),))
+        constants = dict(momentum=momentum, dampening=group["dampening"], weight_decay=group["weight_decay"],
+                         nesterov=group["nesterov"], maximize=group["maximize"])
+
+        def call():
+            self.update(params, grads, buffers, scalars, **constants)
+
+        return call
+
+    def _common_step(self, steps: list) -> float | None:
+        """The step count every tensor of ``steps`` holds, read on the host (a count on a
+        device is mirrored here, read back only when something else wrote it); None where
+        they differ."""
+        values = set()
+        for t in steps:
+            if t.device.type == "cpu":
+                values.add(float(t))
+                continue
+            seen = self._host_steps.get(id(t))
+            if seen is None or seen[0] is not t or seen[1] != t._version:
+                seen = (t, t._version, float(t))
+                self._host_steps[id(t)] = seen
+            values.add(seen[2])
+        return values.pop() if len(values) == 1 else None
+
+    def _count(self, steps: list) -> None:
+        """``state["step"] += 1`` for every tensor (one foreach call per device), the mirrors
+        of the device ones kept."""
+        by_device: dict = {}
+        for t in steps:
+            by_device.setdefault(t.device, []).append(t)
+        for ts in by_device.values():
+            torch._foreach_add_(ts, 1.0)
+        for t in steps:
+            seen = self._host_steps.get(id(t))
+            if seen is not None and seen[0] is t:
+                self._host_steps[id(t)] = (t, t._version, seen[2] + 1)
+
+    def _scalars_on(self, group: dict, param, values: tuple):
+        """``values`` in ``param``'s math dtype, in a tensor on its device kept from call to
+        call for ``group`` (the trace reads the same tensor; only its numbers change)."""
+        dtype = updates.math_dtype(param.dtype)
+        key = (id(group), param.device, dtype, len(values))
+        host = torch.tensor(values, dtype=torch.float64).to(dtype)
+        kept = self._scalars.get(key)
+        if kept is None:
+            kept = self._scalars[key] = torch.empty(len(values), dtype=dtype, device=param.device)
+        kept.copy_(host, non_blocking=True)
+        return kept
+
+
+def _number(x) -> float:
+    """A hyperparameter as the host computes with it (torch's single-tensor step squeezes a
+    tensor learning rate; its arithmetic with Python numbers is the same in double)."""
+    return float(x) if isinstance(x, torch.Tensor) else x
