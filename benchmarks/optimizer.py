@@ -9,7 +9,10 @@ whole zoo model at its full depth (``--layers``), bf16 parameters and moments:
 * ``eager``: torch's default (``foreach`` on CUDA), ``eager fused``: ``fused=True``;
 * ``torch.compile``: ``torch.compile(opt.step)`` (Inductor);
 * ``thunderfx``: ``torch.compile(opt.step, backend=ThunderCompiler())``, thunder's default executors;
-* ``thunderfx+fuser``: the same with ``executors=thunder_fuser.executors()``, the README's call.
+* ``thunderfx+fuser``: the same with ``executors=thunder_fuser.executors()``;
+* ``thunder.jit+fuser``: ``thunder.jit(opt.step, executors=thunder_fuser.executors())``, the
+  README's call (``thunder_fuser/optimizers/``: torch's host part on the host, the updates
+  traced; with ``--master fp32`` the copies around it stay torch's).
 
 Each contender steps its own copy of the parameters with the same gradients. Its first step
 (compile included) and two more run first; after them every contender's parameters and
@@ -42,8 +45,8 @@ import torch
 
 from benchmarks import cli
 
-CONTENDERS = ("eager", "eager fused", "torch.compile", "thunderfx", "thunderfx+fuser")
-TINY_CONTENDERS = ("eager", "thunderfx", "thunderfx+fuser")
+CONTENDERS = ("eager", "eager fused", "torch.compile", "thunderfx", "thunderfx+fuser", "thunder.jit+fuser")
+TINY_CONTENDERS = ("eager", "thunderfx", "thunderfx+fuser", "thunder.jit+fuser")
 MODELS = {"Llama-3.2-1B": 16, "hf-GPT2": 12}  # name -> full depth
 LR, WEIGHT_DECAY = 1e-3, 0.1
 
@@ -76,20 +79,27 @@ class Stepper:
         self.step = self._compiled(self._step_function())
 
     def _step_function(self):
+        opt_step = self.opt.step
+        if self.kind == "thunder.jit+fuser":
+            import thunder
+
+            import thunder_fuser
+
+            opt_step = self.jitted = thunder.jit(self.opt.step, executors=thunder_fuser.executors())
         if self.master != "fp32":
-            return self.opt.step
-        opt, params, masters = self.opt, self.params, self.masters
+            return opt_step
+        params, masters = self.params, self.masters
 
         @torch.no_grad()
         def step():
             torch._foreach_copy_([m.grad for m in masters], [p.grad for p in params])
-            opt.step()
+            opt_step()
             torch._foreach_copy_([p.data for p in params], masters)
 
         return step
 
     def _compiled(self, fn):
-        if self.kind.startswith("eager"):
+        if self.kind.startswith("eager") or self.kind == "thunder.jit+fuser":
             return fn
         if self.kind == "torch.compile":
             return torch.compile(fn)
@@ -107,12 +117,13 @@ class Stepper:
         return list(self.params) + state
 
     def regions(self) -> int | None:
-        """Our regions in what thunder ran (``thunderfx+fuser``), else ``None``."""
-        if self.kind != "thunderfx+fuser":
+        """Our regions in what thunder ran (``thunderfx+fuser``, ``thunder.jit+fuser``), else ``None``."""
+        if self.kind not in ("thunderfx+fuser", "thunder.jit+fuser"):
             return None
         import thunder
 
-        fns = [f for info in self.backend.subgraph_infos for f in info.thunder_compiled_fns]
+        fns = ([self.jitted] if self.kind == "thunder.jit+fuser" else
+               [f for info in self.backend.subgraph_infos for f in info.thunder_compiled_fns])
         traces = [thunder.last_traces(f)[-1] for f in fns]
         return sum(1 for t in traces for b in t.bound_symbols if b.sym.name.startswith("fuser"))
 

@@ -3,8 +3,8 @@
 thunder 0.2.6 records ``x.add_(y)`` as ``t = add(x, y); r = copy_(t, x)`` wrapped in
 ``update_aliases`` calls that order later reads. Inside one region we:
 
-1. drop ``update_aliases`` of a single tensor (once or repeated): with one alias it is the
-   identity on values;
+1. drop ``update_aliases`` whose tensors share no memory (one tensor, once or repeated, or
+   tensors of distinct storage roots): then it is the identity on values;
    groups of several aliases (views of one base) stay, as memory barriers;
 2. rewrite ``copy_(computed, dst)`` into ``copy_to_out_(computed, out=dst)`` when the
    contract of the thunder PR holds: ``computed`` is produced in this region by a compute
@@ -60,18 +60,28 @@ def _name_outputs_as_the_trace(region: Region, trace_outputs: list[Value]) -> No
             taken.add(id(new))
 
 
+def _no_two_share_memory(aliases, roots: dict[int, Value]) -> bool:
+    """Whether the tensors an ``update_aliases`` lists are one tensor or tensors of distinct
+    storage. thunder lists a written list element twice, and a tensor with its own
+    ``.to(other dtype)`` (a fresh tensor, which it takes for a possible view): with no two
+    of them in one memory the update is the identity on values, and keeping it would end a
+    kernel at each write."""
+    distinct = {id(a): a for a in aliases}.values()
+    return len({id(roots.get(id(a), a)) for a in distinct}) == len(distinct)
+
+
 def functionalize(region: Region) -> Region:
     """Rewrite ``region`` in place (returns it): see the module docstring."""
+    roots = storage_roots(region)
     subst: dict[int, Value] = {}
     swap = lambda v: subst.get(id(v), v)  # noqa: E731
     nodes: list[Node] = []
     for node in region.nodes:
         node.args = map_values(node.args, swap)
         node.kwargs = {k: map_values(v, swap) for k, v in node.kwargs.items()}
-        if node.op == "update_aliases" and len({id(a) for a in node.args[0]}) == 1:
-            # one tensor (thunder also lists a written list element twice): the identity
-            for o in node.outputs:
-                subst[id(o)] = node.args[0][0]
+        if node.op == "update_aliases" and _no_two_share_memory(node.args[0], roots):
+            for a, o in zip(node.args[0], node.outputs):
+                subst[id(o)] = a
             continue
         if node.op == "copy_" and node.args[0] is node.args[1]:
             # ``x.copy_(x)`` changes nothing, and torch runs it as nothing, an expanded ``x``

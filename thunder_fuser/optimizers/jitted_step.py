@@ -8,7 +8,7 @@ where torch splits it:
 * on the host, as torch does: the optimizer's hooks, the closure, the step counters
   (``state["step"] += 1`` for all of them in one ``_foreach_add_``) and what torch computes
   from them in double (bias corrections, ``1 - lr * weight_decay``, ``-lr / bias_correction1``),
-  written into one small tensor on the parameters' device;
+  written into a few 0-d tensors on the parameters' device;
 * through ``thunder.jit`` with the caller's executors: every parameter's and state tensor's
   update of a param group (``optimizers/updates.py``), one trace for the group, each write
   in place into the optimizer's own tensors.
@@ -66,7 +66,7 @@ class JittedOptimizerStep:
         # thunder.last_traces(step) and compile_stats read these
         self._lc_cd, self._lc_cs = getattr(self.update, "_lc_cd", None), getattr(self.update, "_lc_cs", None)
         self.eager_steps = self.jitted_steps = 0
-        self._scalars: dict = {}  # (group, device, dtype, count) -> the scalars' tensor there
+        self._scalars: dict = {}  # (group, device, dtype, count) -> the scalars' tensors there
         self._host_steps: dict = {}  # id(step tensor on a device) -> (tensor, version, value)
 
     def __call__(self, closure=None):
@@ -196,16 +196,18 @@ class JittedOptimizerStep:
             if seen is not None and seen[0] is t:
                 self._host_steps[id(t)] = (t, t._version, seen[2] + 1)
 
-    def _scalars_on(self, group: dict, param, values: tuple):
-        """``values`` in ``param``'s math dtype, in a tensor on its device kept from call to
-        call for ``group`` (the trace reads the same tensor; only its numbers change)."""
+    def _scalars_on(self, group: dict, param, values: tuple) -> list:
+        """``values`` in ``param``'s math dtype as 0-d tensors on its device, kept from call to
+        call for ``group`` (the trace reads the same tensors; only their numbers change).
+        Separate tensors, not one vector: slices of a vector in the trace made its first
+        kernel a resize of its own."""
         dtype = updates.math_dtype(param.dtype)
         key = (id(group), param.device, dtype, len(values))
-        host = torch.tensor(values, dtype=torch.float64).to(dtype)
+        host = list(torch.tensor(values, dtype=torch.float64).to(dtype).unbind())
         kept = self._scalars.get(key)
         if kept is None:
-            kept = self._scalars[key] = torch.empty(len(values), dtype=dtype, device=param.device)
-        kept.copy_(host, non_blocking=True)
+            kept = self._scalars[key] = [torch.empty((), dtype=dtype, device=param.device) for _ in values]
+        torch._foreach_copy_(kept, host, non_blocking=True)
         return kept
 
 

@@ -14,8 +14,8 @@ bits can differ there): the single-tensor and foreach steps round every in-place
 tensor's dtype (a bf16 moment is rounded after ``mul_`` and again after ``addcmul_``), so
 these round where torch does, computing in the op's math dtype (fp32 for bf16) between; the
 fused step (``fused=True``) computes a whole update in fp32 and rounds each tensor once, as
-torch's fused kernel does. The step-dependent numbers come in ``scalars``, a 1-D tensor in
-the math dtype on the parameters' device, so a changed learning rate or step count is new
+torch's fused kernel does. The step-dependent numbers come in ``scalars``, 0-d tensors in the
+math dtype on the parameters' device, so a changed learning rate or step count is new
 data, never a new trace.
 """
 
@@ -71,11 +71,12 @@ def adam(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, max_exp_a
         m = _as(_lerp(_as(exp_avgs[i], op), g, 1 - beta1), dtype)  # exp_avg.lerp_(grad, 1 - beta1)
         v = _as(_as(exp_avg_sqs[i], op) * beta2, dtype)  # exp_avg_sq.mul_(beta2)
         v = _as(_as(v, op) + (1 - beta2) * g * g, dtype)  # .addcmul_(grad, grad, value=1 - beta2)
-        exp_avgs[i].copy_(m)
-        exp_avg_sqs[i].copy_(v)
+        # later reads go through what copy_ returns, as after torch's in-place ops: the
+        # computed value is then read by its write alone, which becomes copy_to_out_
+        m = exp_avgs[i].copy_(m)
+        v = exp_avg_sqs[i].copy_(v)
         if amsgrad:
-            v = torch.maximum(max_exp_avg_sqs[i], v)
-            max_exp_avg_sqs[i].copy_(v)
+            v = max_exp_avg_sqs[i].copy_(torch.maximum(max_exp_avg_sqs[i], v))
         denom = _as(torch.sqrt(_as(v, op)), dtype)
         denom = _as(_as(denom, op) / scalars[ADAM_BC2_SQRT], dtype)
         denom = _as(_as(denom, op) + eps, dtype)
@@ -119,7 +120,7 @@ def sgd(params: list, grads: list, momentum_buffers: list, scalars, *, momentum:
         if momentum != 0:
             buf = _as(_as(momentum_buffers[i], op) * momentum, dtype)  # buf.mul_(momentum)
             buf = _as(_as(buf, op) + (1 - dampening) * _as(grad, op), dtype)  # .add_(grad, alpha=1 - dampening)
-            momentum_buffers[i].copy_(buf)
+            buf = momentum_buffers[i].copy_(buf)
             if nesterov:  # grad.add(buf, alpha=momentum)
                 grad = _as(_as(grad, op) + momentum * _as(buf, op), dtype)
             else:
