@@ -117,17 +117,25 @@ def test_a_profiler_range_inside_a_jitted_function_traces_as_nothing():
     torch.testing.assert_close((x.grad, w.grad), (x2.grad, w2.grad))
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason="thunder 0.2.6: a TensorProxy has no is_sparse, which "
-                   "every torch optimizer reads of each gradient")
 def test_thunder_jit_of_an_optimizers_step():
-    """Past the profiler range every optimizer's step opens with, ``thunder.jit(opt.step)`` meets
-    ``grad.is_sparse`` (a proxy has none), and past that ``self.state[p]``: the optimizer's
-    state is a dict keyed by its parameters, and a traced parameter (a ``TensorProxy``) is
-    unhashable. The ThunderFX path (``tests/test_optimizer_step.py``) takes the step."""
+    """Past the profiler range every optimizer's step opens with, thunder 0.2.6's
+    ``thunder.jit(opt.step)`` meets ``grad.is_sparse`` (a proxy has none), and past that
+    ``self.state[p]``: the optimizer's state is a dict keyed by its parameters, which a
+    traced parameter finds nothing in. ``patches/jit_optimizer_step.py`` hands torch's own
+    steps to ``optimizers/jitted_step.py``; without the patch thunder still fails so."""
     import thunder
 
     import thunder_fuser
+    from thunder_fuser.optimizers.jitted_step import JittedOptimizerStep
 
     p = torch.nn.Parameter(torch.randn(4, 4))
     p.grad = torch.randn(4, 4)
-    thunder.jit(torch.optim.AdamW([p], lr=0.1).step, executors=thunder_fuser.executors())()
+    opt = torch.optim.AdamW([p], lr=0.1)
+    step = thunder.jit(opt.step, executors=thunder_fuser.executors())
+    assert isinstance(step, JittedOptimizerStep)
+    step()
+    step()
+    assert (step.eager_steps, step.jitted_steps) == (1, 1)
+    unpatched = thunder.jit.__wrapped__
+    with pytest.raises(AttributeError, match="is_sparse"):
+        unpatched(opt.step, executors=thunder_fuser.executors())()

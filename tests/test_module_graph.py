@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "thunder_fuser"
 # shim and the stage dumps.
 STAGES = [
     ("config", "_compat", "inspect.debug"),
+    ("optimizers",),  # torch optimizers' steps as thunder traces them (the jit patch's)
     ("copy_prims", "patches"),  # our primitive; what we change in thunder
     ("ir",),  # the region IR and its passes
     ("functionalize",),
