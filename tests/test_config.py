@@ -50,10 +50,13 @@ def test_a_bad_number_names_the_setting(monkeypatch):
 
 
 def test_every_patch_is_a_choice_of_its_setting_and_each_took():
-    """``THUNDER_FUSER_PATCHES`` names every patch ``patches/`` has, and on this thunder each one
-    applies (a patch that finds thunder changed says False and leaves it)."""
+    """``THUNDER_FUSER_PATCHES`` names every patch ``patches/`` has and the optimizer step's
+    (``optimizers/jit_patch.py``, a later stage), and on this thunder each one applies (a
+    patch that finds thunder changed says False and leaves it)."""
+    from thunder_fuser.optimizers.jit_patch import jit_torch_optimizer_steps
     from thunder_fuser.patches import PATCHES, apply_patches
 
     choices = set(config._declared("THUNDER_FUSER_PATCHES").choices) - {"all", "none"}
-    assert choices == set(PATCHES)
+    assert choices == set(PATCHES) | {"jit_optimizer_step"}
     assert apply_patches() == dict.fromkeys(PATCHES, True)
+    assert jit_torch_optimizer_steps()

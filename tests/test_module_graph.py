@@ -18,7 +18,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "thunder_fuser"
 # shim and the stage dumps.
 STAGES = [
     ("config", "_compat", "inspect.debug"),
-    ("optimizers",),  # torch optimizers' steps as thunder traces them (the jit patch's)
     ("copy_prims", "patches"),  # our primitive; what we change in thunder
     ("ir",),  # the region IR and its passes
     ("functionalize",),
@@ -39,6 +38,7 @@ STAGES = [
     ("rules", "passes"),  # thunder-trace rules and passes around the regions
     ("inspect",),
     ("thunder_transforms",),
+    ("optimizers",),  # torch optimizers' steps through thunder.jit
     ("executor", "attention"),
     ("",),  # the public API
 ]

@@ -25,13 +25,16 @@ from thunder_fuser.cudagraphs.graphs import graphed  # noqa: E402
 from thunder_fuser.patches.interpreter_speedups import speed_up_thunders_interpreter  # noqa: E402
 from thunder_fuser.patches.meta_dummy import cheapen_thunders_meta_dummies  # noqa: E402
 from thunder_fuser.patches.missing_torch_ops import register_missing_torch_ops  # noqa: E402
-from thunder_fuser.patches import apply_patches  # noqa: E402
+from thunder_fuser.patches import apply_patches, chosen  # noqa: E402
+from thunder_fuser.optimizers.jit_patch import jit_torch_optimizer_steps  # noqa: E402
 
 register_missing_torch_ops()
 cheapen_thunders_meta_dummies()
 speed_up_thunders_interpreter()
 hold_gc_while_compiling()
 apply_patches()
+if chosen("jit_optimizer_step"):
+    jit_torch_optimizer_steps()
 
 
 def executors() -> list:

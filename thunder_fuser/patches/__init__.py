@@ -15,7 +15,7 @@ every thunder function in the process (ours or not), and says so in its module d
 | ``alias_keys`` | every call grouped its tensor arguments by storage in a Python loop: a third of an optimizer step's host time |
 | ``split_copies`` | ThunderFX kept a stale second copy of every tensor Dynamo's graph held (an optimizer's parameters and states) |
 | ``profiler_ranges`` | a ``record_function`` range (every torch optimizer's ``step``) failed ``thunder.jit`` |
-| ``jit_optimizer_step`` | ``thunder.jit(optimizer.step)`` of torch's ``Adam``, ``AdamW`` or ``SGD`` failed tracing (a state dict keyed by parameter) |
+| ``jit_optimizer_step`` | ``thunder.jit(optimizer.step)`` of torch's ``Adam``, ``AdamW`` or ``SGD`` failed tracing (a state dict keyed by parameter); in ``optimizers/jit_patch.py``, applied from the package's import |
 | ``splitter_executors`` | ThunderFX's splitter asked thunder's default executors, not the compiler's, which op thunder takes: on a GPU an attention with a batch-broadcast mask went to Inductor, and an op only the defaults pass failed in ``thunder.jit`` |
 
 ``THUNDER_FUSER_PATCHES`` names the patches to apply (default: all of them).
@@ -27,7 +27,6 @@ from thunder_fuser.patches.alias_keys import quick_alias_keys
 from thunder_fuser.patches.dce_tags import linear_dce
 from thunder_fuser.patches.dynamo_fma import register_dynamo_fma
 from thunder_fuser.patches.foreach_ops import register_foreach_ops
-from thunder_fuser.patches.jit_optimizer_step import jit_torch_optimizer_steps
 from thunder_fuser.patches.nll_loss_backward import reshape_to_the_logits
 from thunder_fuser.patches.profiler_ranges import trace_ranges_as_nothing
 from thunder_fuser.patches.scalar_tensor_grads import sum_scalar_tensor_grads
@@ -43,13 +42,16 @@ PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_t
            "thunderfx_graphs": generate_each_pieces_code, "foreach_ops": lambda: bool(register_foreach_ops()),
            "dynamo_fma": register_dynamo_fma, "dce_tags": linear_dce,
            "alias_keys": quick_alias_keys, "split_copies": share_split_tensors,
-           "profiler_ranges": trace_ranges_as_nothing, "splitter_executors": ask_the_compilers_executors,
-           "jit_optimizer_step": jit_torch_optimizer_steps}
+           "profiler_ranges": trace_ranges_as_nothing, "splitter_executors": ask_the_compilers_executors}
+
+
+def chosen(name: str) -> bool:
+    """Whether ``THUNDER_FUSER_PATCHES`` names the patch ``name`` (or ``all``)."""
+    names = config.items("THUNDER_FUSER_PATCHES")
+    return "all" in names or name in names
 
 
 def apply_patches() -> dict[str, bool]:
     """Apply the patches ``THUNDER_FUSER_PATCHES`` names; which took (a patch that finds
     thunder not as expected leaves it)."""
-    chosen = config.items("THUNDER_FUSER_PATCHES")
-    names = PATCHES if "all" in chosen else [n for n in PATCHES if n in chosen]
-    return {name: PATCHES[name]() for name in names}
+    return {name: patch() for name, patch in PATCHES.items() if chosen(name)}
