@@ -67,7 +67,7 @@ class JittedOptimizerStep:
         self._lc_cd, self._lc_cs = getattr(self.update, "_lc_cd", None), getattr(self.update, "_lc_cs", None)
         self.eager_steps = self.jitted_steps = 0
         self._scalars: dict = {}  # (group, device, dtype, count) -> the scalars' tensors there
-        self._host_steps: dict = {}  # id(step tensor on a device) -> (tensor, version, value)
+        self._host_steps: dict = {}  # id(step tensor on a device) -> (weak ref, version, value)
 
     def __call__(self, closure=None):
         opt = self.optimizer
@@ -177,8 +177,8 @@ class JittedOptimizerStep:
                 values.add(float(t))
                 continue
             seen = self._host_steps.get(id(t))
-            if seen is None or seen[0] is not t or seen[1] != t._version:
-                seen = (t, t._version, float(t))
+            if seen is None or seen[0]() is not t or seen[1] != t._version:
+                seen = (weakref.ref(t), t._version, float(t))
                 self._host_steps[id(t)] = seen
             values.add(seen[2])
         return values.pop() if len(values) == 1 else None
@@ -193,8 +193,8 @@ class JittedOptimizerStep:
             torch._foreach_add_(ts, 1.0)
         for t in steps:
             seen = self._host_steps.get(id(t))
-            if seen is not None and seen[0] is t:
-                self._host_steps[id(t)] = (t, t._version, seen[2] + 1)
+            if seen is not None and seen[0]() is t:
+                self._host_steps[id(t)] = (seen[0], t._version, seen[2] + 1)
 
     def _scalars_on(self, group: dict, param, values: tuple) -> list:
         """``values`` in ``param``'s math dtype as 0-d tensors on its device, kept from call to
