@@ -15,6 +15,8 @@ torch.compile executor, thunder + fuser (the README's recommended call), thunder
 (the model through ThunderFX with our executors), and ``thunder+fuser+step``: thunder +
 fuser with the optimizer's step through ThunderFX and our executors as well
 (``torch.compile(opt.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))``).
+``thunder+fuser+jitstep`` (not in the default set until measured): the same with
+``thunder.jit(opt.step, executors=thunder_fuser.executors())``, the README's call.
 
 Before any timing each contender's first step is checked against eager's from the same
 weights: the loss, every gradient, and every parameter's update by the optimizer. An update
@@ -97,15 +99,21 @@ class Trainer:
     def __init__(self, kind: str, module: torch.nn.Module):
         self.kind, self.module = kind, module
         self.fn = wrap(kind, module)
-        through_us = kind.endswith("+step")  # ThunderFX's pieces run our kernels, not torch's fused one
+        # the step through us: our kernels run it, not torch's fused one
+        through_us = kind.endswith("+step") or kind.endswith("+jitstep")
         self.opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=not through_us)
         self.opt_step = self.opt.step
         if through_us:
-            from thunder.dynamo import ThunderCompiler
+            import thunder
 
             import thunder_fuser
 
-            self.opt_step = torch.compile(self.opt.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))
+            if kind.endswith("+jitstep"):
+                self.opt_step = thunder.jit(self.opt.step, executors=thunder_fuser.executors())
+            else:
+                from thunder.dynamo import ThunderCompiler
+
+                self.opt_step = torch.compile(self.opt.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))
 
     def forward_backward(self, idx, targets):
         loss = self.fn(idx, targets)
