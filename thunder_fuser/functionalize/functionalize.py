@@ -3,8 +3,9 @@
 thunder 0.2.6 records ``x.add_(y)`` as ``t = add(x, y); r = copy_(t, x)`` wrapped in
 ``update_aliases`` calls that order later reads. Inside one region we:
 
-1. drop ``update_aliases`` whose tensors share no memory (one tensor, once or repeated, or
-   tensors of distinct storage roots): then it is the identity on values;
+1. drop ``update_aliases`` whose tensors cannot share memory (one tensor, once or repeated,
+   or distinct storage roots of which at most one is a region input): then it is the
+   identity on values;
    groups of several aliases (views of one base) stay, as memory barriers;
 2. rewrite ``copy_(computed, dst)`` into ``copy_to_out_(computed, out=dst)`` when the
    contract of the thunder PR holds: ``computed`` is produced in this region by a compute
@@ -60,26 +61,30 @@ def _name_outputs_as_the_trace(region: Region, trace_outputs: list[Value]) -> No
             taken.add(id(new))
 
 
-def _no_two_share_memory(aliases, roots: dict[int, Value]) -> bool:
-    """Whether the tensors an ``update_aliases`` lists are one tensor or tensors of distinct
-    storage. thunder lists a written list element twice, and a tensor with its own
-    ``.to(other dtype)`` (a fresh tensor, which it takes for a possible view): with no two
-    of them in one memory the update is the identity on values, and keeping it would end a
-    kernel at each write."""
-    distinct = {id(a): a for a in aliases}.values()
-    return len({id(roots.get(id(a), a)) for a in distinct}) == len(distinct)
+def _no_two_share_memory(aliases, roots: dict[int, Value], inputs: set[int]) -> bool:
+    """Whether the tensors an ``update_aliases`` lists cannot share memory: one tensor (thunder
+    lists a written list element twice), or tensors of distinct storage roots of which at
+    most one is a region input (thunder groups a tensor with its own ``.to(other dtype)``, a
+    fresh tensor, as a possible view). Then the update is the identity on values, and
+    keeping it would end a kernel at each write. Two inputs stay a barrier: values computed
+    outside the region may be views of one another."""
+    distinct = list({id(a): a for a in aliases}.values())
+    found = [roots.get(id(a), a) for a in distinct]
+    if len({id(r) for r in found}) < len(distinct):
+        return False
+    return sum(id(r) in inputs for r in found) <= 1
 
 
 def functionalize(region: Region) -> Region:
     """Rewrite ``region`` in place (returns it): see the module docstring."""
-    roots = storage_roots(region)
+    roots, inputs = storage_roots(region), {id(v) for v in region.inputs}
     subst: dict[int, Value] = {}
     swap = lambda v: subst.get(id(v), v)  # noqa: E731
     nodes: list[Node] = []
     for node in region.nodes:
         node.args = map_values(node.args, swap)
         node.kwargs = {k: map_values(v, swap) for k, v in node.kwargs.items()}
-        if node.op == "update_aliases" and _no_two_share_memory(node.args[0], roots):
+        if node.op == "update_aliases" and _no_two_share_memory(node.args[0], roots, inputs):
             for a, o in zip(node.args[0], node.outputs):
                 subst[id(o)] = a
             continue
