@@ -278,3 +278,20 @@ def test_a_jitted_adamw_update_is_one_region_of_few_kernels_writing_each_tensor_
     from thunder_fuser.segment.schedule import launch_steps
 
     assert len(launch_steps(runners[0].segments)) == 1, [s.kind for s in runners[0].segments]
+
+
+def test_a_parameter_that_skips_a_step_keeps_the_step_jitted():
+    """A parameter without a gradient in one step is a step count behind the others from then
+    on: its group's update runs as one call per count, never as torch's step for good."""
+    params, clone = _parameters(0), _parameters(0)
+    opt, ref = torch.optim.AdamW(params, lr=1e-2), torch.optim.AdamW(clone, lr=1e-2)
+    step = thunder.jit(opt.step, executors=thunder_fuser.executors())
+    for i in range(5):
+        _gradients(params, i)
+        _gradients(clone, i)
+        if i == 2:
+            params[1].grad = clone[1].grad = None
+        step()
+        ref.step()
+    assert (step.eager_steps, step.jitted_steps) == (1, 4)
+    _assert_same_state(opt, ref)

@@ -17,8 +17,9 @@ A learning rate a schedule changes, a new step count: new numbers in that tensor
 new trace. What this cannot run as torch would runs as torch's own step, for that call only
 (``eager_steps`` counts them): a step where a parameter has no state yet (the first: torch
 builds the state, as it would), sparse or complex gradients, ``capturable`` or
-``differentiable``, tensor betas, a group whose parameters are at different step counts or
-on several devices or of fp64 and other dtypes mixed.
+``differentiable``, tensor betas, a group whose parameters are on several devices or of
+fp64 and other dtypes mixed. Parameters of a group at different step counts (one had no
+gradient in a step) are updated in one call per count.
 """
 
 from __future__ import annotations
@@ -130,26 +131,30 @@ class JittedOptimizerStep:
         if not all(s and all(k in s for k in needed) for s in states):
             return False  # a first step: torch builds the state
         steps = [s["step"] for s in states]
-        step = self._common_step(steps)
-        if step is None:
-            return False
-        step += 1
         lr, wd, fused = _number(group["lr"]), group["weight_decay"], bool(group.get("fused"))
         decoupled = bool(group.get("decoupled_weight_decay", isinstance(self.optimizer, torch.optim.AdamW)))
-        bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
-        if fused:  # fused_adam_utils.cuh: param -= lr * wd * param; param -= lr / bc1 * m / denom
-            values = (lr * wd, lr / bc1, bc2 ** 0.5)
-        else:  # _single_tensor_adam: param.mul_(1 - lr * wd); param.addcdiv_(m, denom, value=-lr / bc1)
-            values = (1 - lr * wd, -(lr / bc1), bc2 ** 0.5)
-        scalars = self._scalars_on(group, params[0], values)
-        lists = (params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                 [s["max_exp_avg_sq"] for s in states] if amsgrad else [])
         constants = dict(beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=wd, decoupled=decoupled,
                          amsgrad=amsgrad, maximize=group["maximize"], fused=fused)
+        # parameters at one step count share their scalars and their trace: a parameter that
+        # had no gradient in some step is a count behind the others from then on
+        calls = []
+        for k, (step, members) in enumerate(sorted(self._by_step_count(steps).items())):
+            step += 1
+            bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
+            if fused:  # fused_adam_utils.cuh: param -= lr * wd * param; param -= lr / bc1 * m / denom
+                values = (lr * wd, lr / bc1, bc2 ** 0.5)
+            else:  # _single_tensor_adam: param.mul_(1 - lr * wd); param.addcdiv_(m, denom, value=-lr / bc1)
+                values = (1 - lr * wd, -(lr / bc1), bc2 ** 0.5)
+            scalars = self._scalars_on((id(group), k), params[members[0]], values)
+            lists = ([params[i] for i in members], [grads[i] for i in members],
+                     [states[i]["exp_avg"] for i in members], [states[i]["exp_avg_sq"] for i in members],
+                     [states[i]["max_exp_avg_sq"] for i in members] if amsgrad else [])
+            calls.append((lists, scalars))
 
         def call():
             self._count(steps)
-            self.update(*lists, scalars, **constants)
+            for lists, scalars in calls:
+                self.update(*lists, scalars, **constants)
 
         return call
 
@@ -158,7 +163,7 @@ class JittedOptimizerStep:
         buffers = [s.get("momentum_buffer") if s else None for s in states] if momentum != 0 else []
         if momentum != 0 and any(b is None for b in buffers):
             return False  # a first step: torch makes the buffers from the gradients
-        scalars = self._scalars_on(group, params[0], (-_number(group["lr"]),))
+        scalars = self._scalars_on(id(group), params[0], (-_number(group["lr"]),))
         constants = dict(momentum=momentum, dampening=group["dampening"], weight_decay=group["weight_decay"],
                          nesterov=group["nesterov"], maximize=group["maximize"])
 
@@ -167,21 +172,21 @@ class JittedOptimizerStep:
 
         return call
 
-    def _common_step(self, steps: list) -> float | None:
-        """The step count every tensor of ``steps`` holds, read on the host (a count on a
-        device is mirrored here, read back only when something else wrote it); None where
-        they differ."""
-        values = set()
-        for t in steps:
+    def _by_step_count(self, steps: list) -> dict[float, list[int]]:
+        """The indices of ``steps`` by the count each tensor holds, read on the host (a count
+        on a device is mirrored here, read back only when something else wrote it)."""
+        counts: dict[float, list[int]] = {}
+        for i, t in enumerate(steps):
             if t.device.type == "cpu":
-                values.add(float(t))
-                continue
-            seen = self._host_steps.get(id(t))
-            if seen is None or seen[0]() is not t or seen[1] != t._version:
-                seen = (weakref.ref(t), t._version, float(t))
-                self._host_steps[id(t)] = seen
-            values.add(seen[2])
-        return values.pop() if len(values) == 1 else None
+                value = float(t)
+            else:
+                seen = self._host_steps.get(id(t))
+                if seen is None or seen[0]() is not t or seen[1] != t._version:
+                    seen = (weakref.ref(t), t._version, float(t))
+                    self._host_steps[id(t)] = seen
+                value = seen[2]
+            counts.setdefault(value, []).append(i)
+        return counts
 
     def _count(self, steps: list) -> None:
         """``state["step"] += 1`` for every tensor (one foreach call per device), the mirrors
@@ -196,13 +201,14 @@ class JittedOptimizerStep:
             if seen is not None and seen[0]() is t:
                 self._host_steps[id(t)] = (seen[0], t._version, seen[2] + 1)
 
-    def _scalars_on(self, group: dict, param, values: tuple) -> list:
+    def _scalars_on(self, owner, param, values: tuple) -> list:
         """``values`` in ``param``'s math dtype as 0-d tensors on its device, kept from call to
-        call for ``group`` (the trace reads the same tensors; only their numbers change).
+        call for ``owner`` (a group, or a group's parameters at one step count: the trace
+        reads the same tensors; only their numbers change).
         Separate tensors, not one vector: slices of a vector in the trace made its first
         kernel a resize of its own."""
         dtype = updates.math_dtype(param.dtype)
-        key = (id(group), param.device, dtype, len(values))
+        key = (owner, param.device, dtype, len(values))
         host = list(torch.tensor(values, dtype=torch.float64).to(dtype).unbind())
         kept = self._scalars.get(key)
         if kept is None:
