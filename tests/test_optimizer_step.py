@@ -295,3 +295,18 @@ def test_a_parameter_that_skips_a_step_keeps_the_step_jitted():
         ref.step()
     assert (step.eager_steps, step.jitted_steps) == (1, 4)
     _assert_same_state(opt, ref)
+
+
+def test_an_fp64_update_computes_in_fp64():
+    """Inside the trace a tensor's dtype is thunder's, which never equals torch's: the
+    update's math dtype came out fp32 for fp64 parameters (2e-7 off torch's step)."""
+    params, clone = ([torch.nn.Parameter(p.detach().double()) for p in _parameters(0)] for _ in range(2))
+    opt, ref = torch.optim.AdamW(params, lr=1e-2), torch.optim.AdamW(clone, lr=1e-2)
+    step = thunder.jit(opt.step, executors=thunder_fuser.executors())
+    for i in range(3):
+        _gradients(params, i)
+        _gradients(clone, i)
+        step()
+        ref.step()
+    for a, b in zip(params, clone):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

@@ -22,6 +22,7 @@ data, never a new trace.
 from __future__ import annotations
 
 import torch
+from thunder.core.dtypes import to_torch_dtype
 
 # scalars' slots, Adam: the decoupled decay factor (1 - lr * wd; fused: lr * wd), -lr / bias
 # correction 1 (fused: lr / bias correction 1), sqrt(bias correction 2)
@@ -30,8 +31,12 @@ ADAM_DECAY, ADAM_STEP, ADAM_BC2_SQRT = 0, 1, 2
 SGD_NEG_LR = 0
 
 
-def math_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype torch computes an op of ``dtype`` tensors in (its ``opmath`` type)."""
+def math_dtype(dtype) -> torch.dtype:
+    """The dtype torch computes an op of ``dtype`` tensors in (its ``opmath`` type); ``dtype``
+    torch's or, inside a trace, thunder's (which never equals torch's: an fp64 update was
+    computed in fp32)."""
+    if not isinstance(dtype, torch.dtype):
+        dtype = to_torch_dtype(dtype)
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
