@@ -83,6 +83,11 @@ def test_the_quick_alias_key_answers_as_thunders_own():
     assert key(a, b, a) == "0,2"
     assert key([a, a]) == thunders([a, a])  # a nested argument: thunder flattens it
     assert key(a, x=a) == thunders(a, x=a)
+    calls.clear()  # lists, dicts and keyword constants sharing nothing: a jitted optimizer update's call
+    assert key([a, p], (b,), {"w": torch.randn(2)}, lr=0.1, amsgrad=False, dtype=torch.float32) == "" and not calls
+    assert key([a], [a[0]], lr=0.1) == thunders([a], [a[0]], lr=0.1) and len(calls) == 2
+    key([a], object())  # something the walk does not know: thunder answers
+    assert len(calls) == 3
 
     jfn = thunder.jit(lambda x, y: x + y)
     populate = thunder.compile_data(jfn).populate_cache_info
