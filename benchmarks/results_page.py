@@ -137,7 +137,9 @@ def _zoo(results: str) -> list[str]:
     lines = ["## Whole training steps of the model zoo (`python -m benchmarks.zoo`)", "",
             f"{docs[0]['device']}. Each model at its full depth or at the layers shown (full depth in "
             "brackets), its real width, the forward with the loss, the backward, torch's fused AdamW and "
-            "`zero_grad` in every step (thunder+fuser+step: the optimizer's step through us). Contenders in "
+            "`zero_grad` in every step (thunder+fuser+step: the optimizer's step through us by ThunderFX, "
+            "thunder+fuser+jitstep: by `thunder.jit(opt.step)`, torch.compile+step: by `torch.compile(opt.step)`; "
+            "a contender of a later run (`--add`) is against that run's torch.compile). Contenders in "
             "interleaved turns, each checked against eager (loss, gradients, first update) before and after "
             "them. GPU ms split by kernel: matmuls, attention, ours, the optimizer's, Triton's, and torch's "
             "others (named in each model's JSON). GPU idle: the step's waits between kernels (the longest, "

@@ -14,9 +14,10 @@ optimizer is torch's fused AdamW for every contender but one), thunder with the
 torch.compile executor, thunder + fuser (the README's recommended call), thunderfx + fuser
 (the model through ThunderFX with our executors), and ``thunder+fuser+step``: thunder +
 fuser with the optimizer's step through ThunderFX and our executors as well
-(``torch.compile(opt.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))``).
-``thunder+fuser+jitstep`` (not in the default set until measured): the same with
-``thunder.jit(opt.step, executors=thunder_fuser.executors())``, the README's call.
+(``torch.compile(opt.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))``),
+``thunder+fuser+jitstep``: the same with ``thunder.jit(opt.step,
+executors=thunder_fuser.executors())``, the README's call, and ``torch.compile+step``: the
+model and ``torch.compile(opt.step)`` (foreach AdamW through Inductor).
 
 Before any timing each contender's first step is checked against eager's from the same
 weights: the loss, every gradient, and every parameter's update by the optimizer. An update
@@ -83,8 +84,9 @@ ZOO = {
     "hf-GPT2": (12, 12), "hf-ViT": (12, 12),
 }
 TINY_MODELS = ("Llama-3.2-1B", "hf-GPT2")
-CONTENDERS = ("eager", "torch.compile", "thunder+torchcompile", "thunder+fuser", "thunder+fuser+step",
-              "thunderfx+fuser")
+CONTENDERS = ("eager", "torch.compile", "torch.compile+step", "thunder+torchcompile", "thunder+fuser",
+              "thunder+fuser+step", "thunder+fuser+jitstep", "thunderfx+fuser")
+STEP_SUFFIXES = ("+step", "+jitstep")  # the optimizer's step through the contender too, not torch's fused AdamW
 LR, WEIGHT_DECAY = 1e-3, 0.1
 # a weight's first update against eager's: off when beyond 2 ulps of the weight and 5% of the
 # update and what the gradient's own difference explains (``_gradient_slack``); a step is
@@ -98,12 +100,13 @@ class Trainer:
 
     def __init__(self, kind: str, module: torch.nn.Module):
         self.kind, self.module = kind, module
-        self.fn = wrap(kind, module)
-        # the step through us: our kernels run it, not torch's fused one
-        through_us = kind.endswith("+step") or kind.endswith("+jitstep")
-        self.opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=not through_us)
+        through = kind.endswith(STEP_SUFFIXES)  # the step compiled too, not torch's fused one
+        self.fn = wrap(kind.removesuffix("+step") if kind.startswith("torch.compile") else kind, module)
+        self.opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=not through)
         self.opt_step = self.opt.step
-        if through_us:
+        if through and kind.startswith("torch.compile"):
+            self.opt_step = torch.compile(self.opt.step)
+        elif through:
             import thunder
 
             import thunder_fuser
@@ -505,6 +508,12 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
     return out
 
 
+def shown_label(label: str, c: dict) -> str:
+    """A contender's name, with the run it came from where a later run added it (``--add``)."""
+    n = c.get("run", 1)
+    return label if n == 1 or f"(run {n})" in label else f"{label} (run {n})"
+
+
 def table(results: list) -> str:
     lines = ["| model | layers (full) | contender | step ms | alone ms | x torch.compile | tokens/s | GPU ms | GPU idle ms | matmul | attention "
              "| ours | optimizer | triton | torch | peak GiB | held GiB | first call s | error |",
@@ -514,7 +523,8 @@ def table(results: list) -> str:
         for label, c in r["contenders"].items():
             kinds = c.get("gpu_ms_by_kind", {})
             lines.append("| " + " | ".join(str(x) for x in (
-                r["name"], f"{r['layers']} ({r['full_depth']})", label, c.get("step_ms", ""), c.get("step_ms_alone", ""),
+                r["name"], f"{r['layers']} ({r['full_depth']})", shown_label(label, c), c.get("step_ms", ""),
+                c.get("step_ms_alone", ""),
                 c.get("x_torch_compile", ""), c.get("tokens_per_s", ""), c.get("gpu_ms", ""), c.get("gpu_idle_ms", ""),
                 *(kinds.get(k, "") for k in ("matmul", "attention", "ours", "optimizer", "triton", "torch")),
                 c.get("peak_GiB", ""), c.get("held_GiB", ""), c.get("first_call_s", ""),
@@ -588,7 +598,7 @@ def geometric_mean_line(results: list) -> str:
     """thunder + fuser's (and with the optimizer's step through us) step against
     torch.compile's, as a geometric mean over the models where both ran."""
     parts = []
-    for kind in ("thunder+fuser", "thunder+fuser+step"):
+    for kind in ("thunder+fuser", "thunder+fuser+step", "thunder+fuser+jitstep"):
         xs = [x for r in results if (x := r["contenders"].get(kind, {}).get("x_torch_compile"))]
         if xs:
             parts.append(f"{kind} x torch.compile, geometric mean over {len(xs)} models: "

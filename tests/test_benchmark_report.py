@@ -282,17 +282,18 @@ def test_the_results_page_is_the_latest_results_generated():
 def test_the_zoo_steps_every_contender_with_its_optimizer_on_the_cpu(tmp_path):
     """``benchmarks.zoo --tiny``: a whole training step with AdamW in the loop, each
     contender's loss, gradients and first update checked against eager's before its timed
-    turns, the optimizer's step through ThunderFX and our executors in one of them; two
+    turns, the optimizer's step through ThunderFX and our executors in one of them, through
+    ``thunder.jit`` in another; two
     bucketed lengths in turns build nothing after each one's first step."""
     import json
 
     from benchmarks import zoo
 
     zoo.main(["--tiny", "--out", str(tmp_path), "--models", "hf-GPT2", "--steps", "1",
-              "--contenders", "eager,thunder+fuser,thunder+fuser+step", "--buckets", "8,16"])
+              "--contenders", "eager,thunder+fuser,thunder+fuser+step,thunder+fuser+jitstep", "--buckets", "8,16"])
     res = json.loads((tmp_path / "zoo-hf-GPT2.json").read_text())
     rows = res["contenders"]
-    assert set(rows) == {"eager", "thunder+fuser", "thunder+fuser+step"}
+    assert set(rows) == {"eager", "thunder+fuser", "thunder+fuser+step", "thunder+fuser+jitstep"}
     assert all(r["error"] is None and r["step_ms"] > 0 and r["step_ms_alone"] > 0 for r in rows.values()), rows
     assert res["layers"] == 2 and res["full_depth"] == 12
     # bucketed lengths: each length built once, nothing again in the turns over them
