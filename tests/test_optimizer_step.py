@@ -310,3 +310,33 @@ def test_an_fp64_update_computes_in_fp64():
         ref.step()
     for a, b in zip(params, clone):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.cuda
+def test_a_jitted_step_queued_ahead_of_a_busy_gpu_reads_each_steps_own_learning_rate():
+    """On a GPU a step's scalars (``-lr / bias_correction1``...) travel from pinned buffers
+    taken in turns (``jitted_step._Staging``): with the GPU kept busy (a sleep kernel before
+    every step), the host queues more steps than there are buffers, each with its own learning
+    rate, and every step must read its own numbers, as torch's step on the same gradients."""
+    ours, theirs = ([torch.nn.Parameter(p.detach().cuda()) for p in _parameters(0)] for _ in range(2))
+    opt, ref = (torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1) for ps in (ours, theirs))
+    step = thunder.jit(opt.step, executors=thunder_fuser.executors())
+    grads = []
+    for i in range(STEPS):
+        _gradients(theirs, i)
+        grads.append([g.grad.cuda() for g in theirs])
+    for i in range(STEPS):
+        for group in (opt.param_groups[0], ref.param_groups[0]):
+            group["lr"] = 1e-2 * (i + 1) / STEPS
+        torch.cuda._sleep(2_000_000)  # about a millisecond: the host runs ahead
+        for p, g in zip(ours, grads[i]):
+            p.grad = g.clone()
+        step()
+    for i in range(STEPS):
+        ref.param_groups[0]["lr"] = 1e-2 * (i + 1) / STEPS
+        for p, g in zip(theirs, grads[i]):
+            p.grad = g.clone()
+        ref.step()
+    torch.cuda.synchronize()
+    assert step.jitted_steps == STEPS - 1
+    _assert_same_state(opt, ref)

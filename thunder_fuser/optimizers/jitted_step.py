@@ -68,6 +68,7 @@ class JittedOptimizerStep:
         self._lc_cd, self._lc_cs = getattr(self.update, "_lc_cd", None), getattr(self.update, "_lc_cs", None)
         self.eager_steps = self.jitted_steps = 0
         self._scalars: dict = {}  # (group, device, dtype, count) -> the scalars' tensors there
+        self._staging: dict = {}  # the same keys -> the pinned buffers their numbers come from (GPU)
         self._host_steps: dict = {}  # id(step tensor on a device) -> (weak ref, version, value)
 
     def __call__(self, closure=None):
@@ -206,15 +207,46 @@ class JittedOptimizerStep:
         call for ``owner`` (a group, or a group's parameters at one step count: the trace
         reads the same tensors; only their numbers change).
         Separate tensors, not one vector: slices of a vector in the trace made its first
-        kernel a resize of its own."""
+        kernel a resize of its own. On a GPU the numbers travel from pinned memory
+        (``_Staging``): a copy from pageable memory may hold the host until the stream
+        reaches it, so the host could not queue the update while the backward still runs."""
         dtype = updates.math_dtype(param.dtype)
         key = (owner, param.device, dtype, len(values))
-        host = list(torch.tensor(values, dtype=torch.float64).to(dtype).unbind())
+        host = torch.tensor(values, dtype=torch.float64).to(dtype)
         kept = self._scalars.get(key)
         if kept is None:
             kept = self._scalars[key] = [torch.empty((), dtype=dtype, device=param.device) for _ in values]
-        torch._foreach_copy_(kept, host, non_blocking=True)
+        if param.device.type != "cuda":
+            torch._foreach_copy_(kept, list(host.unbind()))
+            return kept
+        staging = self._staging.get(key)
+        if staging is None:
+            staging = self._staging[key] = _Staging(host)
+        staging.copy(host, kept, torch.cuda.current_stream(param.device))
         return kept
+
+
+class _Staging:
+    """Pinned host buffers that a step's scalars are copied to the GPU from, a few in turn;
+    a buffer is written again only once the copy that read it has run (its event), so a
+    host running steps ahead of the GPU never changes numbers a queued copy still reads."""
+
+    SLOTS = 4
+
+    def __init__(self, like: torch.Tensor):
+        self.buffers = [torch.empty_like(like).pin_memory() for _ in range(self.SLOTS)]
+        self.events: list = [None] * self.SLOTS
+        self.next = 0
+
+    def copy(self, values: torch.Tensor, out: list, stream) -> None:
+        i, self.next = self.next, (self.next + 1) % self.SLOTS
+        if self.events[i] is not None:
+            self.events[i].synchronize()
+        buf = self.buffers[i]
+        buf.copy_(values)
+        torch._foreach_copy_(out, list(buf.unbind()), non_blocking=True)
+        event = self.events[i] = self.events[i] or torch.cuda.Event()
+        event.record(stream)
 
 
 def _number(x) -> float:
