@@ -297,6 +297,25 @@ def test_a_parameter_that_skips_a_step_keeps_the_step_jitted():
     _assert_same_state(opt, ref)
 
 
+def test_a_step_count_written_by_the_user_is_read_again():
+    """The jitted step mirrors each step count on the host (``_by_step_count``); a count the
+    user writes in place (a restart at another step) is read again from the tensor, and the
+    bias corrections follow it as torch's do."""
+    params, clone = _parameters(0), _parameters(0)
+    opt, ref = torch.optim.AdamW(params, lr=1e-2), torch.optim.AdamW(clone, lr=1e-2)
+    step = thunder.jit(opt.step, executors=thunder_fuser.executors())
+    for i in range(4):
+        _gradients(params, i)
+        _gradients(clone, i)
+        if i == 2:
+            for o in (opt, ref):
+                o.state[o.param_groups[0]["params"][0]]["step"].fill_(100.0)
+        step()
+        ref.step()
+    assert (step.eager_steps, step.jitted_steps) == (1, 3)
+    _assert_same_state(opt, ref)
+
+
 def test_an_fp64_update_computes_in_fp64():
     """Inside the trace a tensor's dtype is thunder's, which never equals torch's: the
     update's math dtype came out fp32 for fp64 parameters (2e-7 off torch's step)."""
