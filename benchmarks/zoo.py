@@ -9,15 +9,15 @@ gradients and AdamW's two moments, all bf16). A step is what a training loop run
 forward with the loss, the backward, torch's AdamW step (``fused=True``) and
 ``zero_grad(set_to_none=True)``, over ``--batch`` x ``--seq`` tokens (4096 by default).
 
-Contenders, every one in this process: eager, torch.compile (the model; the step's
-optimizer is torch's fused AdamW for every contender but one), thunder with the
-torch.compile executor, thunder + fuser (the README's recommended call), thunderfx + fuser
-(the model through ThunderFX with our executors), and ``thunder+fuser+step``: thunder +
-fuser with the optimizer's step through ThunderFX and our executors as well
-(``torch.compile(opt.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))``),
-``thunder+fuser+jitstep``: the same with ``thunder.jit(opt.step,
-executors=thunder_fuser.executors())``, the README's call, and ``torch.compile+step``: the
-model and ``torch.compile(opt.step)`` (foreach AdamW through Inductor).
+Contenders, every one in this process (the default six; ZOO's depths hold six at once): eager,
+torch.compile (the model; torch's fused AdamW), ``torch.compile+step`` (the model and
+``torch.compile(opt.step)``, foreach AdamW through Inductor), thunder with the
+torch.compile executor, thunder + fuser (the README's recommended call; torch's fused
+AdamW) and ``thunder+fuser+jitstep``: the same with the optimizer's step through us too,
+``thunder.jit(opt.step, executors=thunder_fuser.executors())``, the README's call. By
+``--contenders`` also: thunderfx + fuser (the model through ThunderFX with our executors)
+and ``thunder+fuser+step``: thunder + fuser with the step through ThunderFX and our
+executors (``torch.compile(opt.step, backend=ThunderCompiler(executors=...))``).
 
 Before any timing each contender's first step is checked against eager's from the same
 weights: the loss, every gradient, and every parameter's update by the optimizer. An update
@@ -84,8 +84,10 @@ ZOO = {
     "hf-GPT2": (12, 12), "hf-ViT": (12, 12),
 }
 TINY_MODELS = ("Llama-3.2-1B", "hf-GPT2")
+# the default set: six, the count ZOO's depths were chosen to hold at once
 CONTENDERS = ("eager", "torch.compile", "torch.compile+step", "thunder+torchcompile", "thunder+fuser",
-              "thunder+fuser+step", "thunder+fuser+jitstep", "thunderfx+fuser")
+              "thunder+fuser+jitstep")
+MORE_CONTENDERS = ("thunder+fuser+step", "thunderfx+fuser")  # by --contenders
 STEP_SUFFIXES = ("+step", "+jitstep")  # the optimizer's step through the contender too, not torch's fused AdamW
 LR, WEIGHT_DECAY = 1e-3, 0.1
 # a weight's first update against eager's: off when beyond 2 ulps of the weight and 5% of the
@@ -609,7 +611,7 @@ def geometric_mean_line(results: list) -> str:
 def main(argv=None) -> None:
     ap = cli.parser("benchmarks.zoo", __doc__, epilog=(
         "models (layers run, full depth): " + ", ".join(f"{m} ({a}, {b})" for m, (a, b) in ZOO.items())
-        + f"\ncontenders: {', '.join(CONTENDERS)}"))
+        + f"\ncontenders: {', '.join(CONTENDERS)} (default); {', '.join(MORE_CONTENDERS)}"))
     ap.add_argument("--out", default="benchmarks/results", help="folder for zoo-<model>.json")
     ap.add_argument("--models", help=f"comma-separated (default: all; with --tiny {','.join(TINY_MODELS)})")
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated contender names (below)")
