@@ -359,3 +359,21 @@ def test_a_jitted_step_queued_ahead_of_a_busy_gpu_reads_each_steps_own_learning_
     torch.cuda.synchronize()
     assert step.jitted_steps == STEPS - 1
     _assert_same_state(opt, ref)
+
+
+@pytest.mark.cuda
+def test_a_jitted_step_captured_in_a_cuda_graph_is_torchs_and_says_what_it_needs():
+    """A graph of the jitted step would replay the numbers of the step it captured (the
+    scalars' copies from pinned buffers): inside a capture the step is torch's own, which
+    refuses an optimizer that is not ``capturable``, naming it."""
+    params = [torch.nn.Parameter(p.detach().cuda()) for p in _parameters(0)]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    step = thunder.jit(opt.step, executors=thunder_fuser.executors())
+    for i in range(3):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        step()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="capturable"):
+        with torch.cuda.graph(graph):
+            step()

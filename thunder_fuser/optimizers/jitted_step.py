@@ -17,7 +17,7 @@ A learning rate a schedule changes, a new step count: new numbers in that tensor
 new trace. What this cannot run as torch would runs as torch's own step, for that call only
 (``eager_steps`` counts them): a step where a parameter has no state yet (the first: torch
 builds the state, as it would), sparse or complex gradients, ``capturable`` or
-``differentiable``, tensor betas, a group whose parameters are on several devices or of
+``differentiable``, a step inside a CUDA graph's capture, tensor betas, a group whose parameters are on several devices or of
 fp64 and other dtypes mixed. Parameters of a group at different step counts (one had no
 gradient in a step) are updated in one call per count.
 """
@@ -113,6 +113,8 @@ class JittedOptimizerStep:
             return None
         if group.get("differentiable") or group.get("capturable"):
             return False
+        if params[0].is_cuda and torch.cuda.is_current_stream_capturing():
+            return False  # a graph would keep this step's numbers: torch's step says what it needs
         grads = [p.grad for p in params]
         # one pass over the kinds of tensors met (a step checks hundreds of them)
         kinds = {(p.device, p.dtype, g.layout, g.dtype) for p, g in zip(params, grads)}
