@@ -97,6 +97,41 @@ def test_the_quick_alias_key_answers_as_thunders_own():
     torch.testing.assert_close(jfn(x, x[None, 0].expand(4)), x + x[0])
 
 
+
+def _thunders_alias_key():
+    """thunder's own ``_alias_tensor_of_args_kwargs``, from a jitted function's closure."""
+    import thunder
+
+    populate = thunder.compile_data(thunder.jit(lambda x: x)).populate_cache_info
+    cells = dict(zip(populate.__code__.co_freevars, populate.__closure__))
+    return cells["_alias_tensor_of_args_kwargs"].cell_contents.original
+
+
+def test_the_quick_alias_key_is_thunders_on_any_nesting_of_shared_and_separate_tensors():
+    """Property (hypothesis): arguments and keywords nested in lists, tuples and dicts, of
+    tensors (separate ones, views of one base, the same tensor twice, a sparse one),
+    parameters, numbers, strings, ``None``, dtypes and a ``torch.Size``: the quick key
+    equals thunder's, whatever it answers."""
+    from hypothesis import given, settings, strategies as st
+
+    from thunder_fuser.patches.alias_keys import quick_alias_key
+
+    thunders = _thunders_alias_key()
+    key = quick_alias_key(thunders)
+    base, alone = torch.randn(6, 4), torch.randn(3)
+    leaves = st.sampled_from([base, base[1], base.t(), alone, torch.randn(2), torch.nn.Parameter(torch.randn(2)),
+                              torch.randn(2, 2).to_sparse(), 0, 1.5, True, None, "s", torch.float32,
+                              torch.Size([2, 3]), torch.tensor(2.0)])
+    trees = st.recursive(leaves, lambda kids: st.lists(kids, max_size=4) | st.tuples(kids, kids)
+                         | st.dictionaries(st.sampled_from("abc"), kids, max_size=3), max_leaves=12)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(trees, max_size=4), st.dictionaries(st.sampled_from(["x", "lr", "ps"]), trees, max_size=3))
+    def same_key(args, kwargs):
+        assert key(*args, **kwargs) == thunders(*args, **kwargs)
+
+    same_key()
+
 def _profiled(x, w):
     with torch.profiler.record_function("attention"):
         y = torch.softmax(x @ w, -1)
