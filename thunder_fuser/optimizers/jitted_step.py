@@ -17,8 +17,8 @@ A learning rate a schedule changes, a new step count: new numbers in that tensor
 new trace. What this cannot run as torch would runs as torch's own step, for that call only
 (``eager_steps`` counts them): a step where a parameter has no state yet (the first: torch
 builds the state, as it would), sparse or complex gradients, ``capturable`` or
-``differentiable``, a step inside a CUDA graph's capture, tensor betas, a group whose parameters are on several devices or of
-fp64 and other dtypes mixed. Parameters of a group at different step counts (one had no
+``differentiable``, a step inside a CUDA graph's capture, tensor betas, a group whose
+parameters are on several devices or of fp64 and other dtypes mixed. Parameters of a group at different step counts (one had no
 gradient in a step) are updated in one call per count.
 """
 
@@ -120,8 +120,8 @@ class JittedOptimizerStep:
         kinds = {(p.device, p.dtype, g.layout, g.dtype) for p, g in zip(params, grads)}
         if any(layout is not torch.strided or dtype.is_complex or gdtype.is_complex for _, dtype, layout, gdtype in kinds):
             return False  # sparse or complex gradients, complex parameters
-        if len({device for device, *_ in kinds}) != 1 or len({updates.math_dtype(k[1]) for k in kinds}) != 1:
-            return False
+        if len({k[0] for k in kinds}) != 1 or len({updates.math_dtype(k[1]) for k in kinds}) != 1:
+            return False  # several devices, fp64 beside fp32
         states = [self.optimizer.state.get(p) for p in params]
         if self.kind == "adam":
             return self._adam_call(group, params, grads, states)
@@ -238,18 +238,15 @@ class _Staging:
 
     def __init__(self, like: torch.Tensor):
         self.buffers = [torch.empty_like(like).pin_memory() for _ in range(self.SLOTS)]
-        self.events: list = [None] * self.SLOTS
+        self.events = [torch.cuda.Event() for _ in range(self.SLOTS)]  # unrecorded: synchronize returns
         self.next = 0
 
     def copy(self, values: torch.Tensor, out: list, stream) -> None:
         i, self.next = self.next, (self.next + 1) % self.SLOTS
-        if self.events[i] is not None:
-            self.events[i].synchronize()
-        buf = self.buffers[i]
-        buf.copy_(values)
-        torch._foreach_copy_(out, list(buf.unbind()), non_blocking=True)
-        event = self.events[i] = self.events[i] or torch.cuda.Event()
-        event.record(stream)
+        self.events[i].synchronize()
+        self.buffers[i].copy_(values)
+        torch._foreach_copy_(out, list(self.buffers[i].unbind()), non_blocking=True)
+        self.events[i].record(stream)
 
 
 def _number(x) -> float:
