@@ -188,7 +188,8 @@ def _optimizer(results: str) -> list[str]:
                    "seed measured Adam: eager (foreach), eager fused, `torch.compile(opt.step)`, and "
                    "`torch.compile(opt.step, backend=ThunderCompiler(...))` with thunder's executors and with ours, and "
                    "`thunder.jit(opt.step, executors=thunder_fuser.executors())` (the README's call). "
-                   "GPU ms below step ms means the step waits on the host (the 124M model's). Steps queued back to back, contenders in turns; every contender's parameters and moments checked "
+                   "GPU ms below step ms means the step waits on the host (the 124M model's). Steps queued back "
+                   "to back, contenders in turns; every contender's parameters and moments checked "
                    "against eager's after three steps. x copy limit: the step against the bytes it must move "
                    "(7 per parameter element) at the copy bandwidth of the run. Extra: memory a step allocates "
                    "beyond what it holds.")

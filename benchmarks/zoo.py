@@ -88,7 +88,7 @@ TINY_MODELS = ("Llama-3.2-1B", "hf-GPT2")
 CONTENDERS = ("eager", "torch.compile", "torch.compile+step", "thunder+torchcompile", "thunder+fuser",
               "thunder+fuser+jitstep")
 MORE_CONTENDERS = ("thunder+fuser+step", "thunderfx+fuser")  # by --contenders
-STEP_SUFFIXES = ("+step", "+jitstep")  # the optimizer's step through the contender too, not torch's fused AdamW
+STEP_SUFFIXES = ("+step", "+jitstep")  # the optimizer's step compiled too (``compiled_step``)
 LR, WEIGHT_DECAY = 1e-3, 0.1
 # a weight's first update against eager's: off when beyond 2 ulps of the weight and 5% of the
 # update and what the gradient's own difference explains (``_gradient_slack``); a step is
@@ -97,28 +97,34 @@ UPDATE_REL, UPDATE_OFF = 5e-2, 1e-2
 ALONE_STEPS = 5  # each contender's steps alone in the process, after its warm-up
 
 
+def compiled_step(step, model_kind: str, suffix: str):
+    """The optimizer's ``step`` as a contender compiles it: ``+step``, by the model's own
+    compiler (Inductor for torch.compile, ThunderFX with our executors for thunder + fuser);
+    ``+jitstep``, by ``thunder.jit`` with our executors (the README's call)."""
+    if suffix == "+step" and model_kind.startswith("torch.compile"):
+        return torch.compile(step)
+    import thunder
+
+    import thunder_fuser
+
+    if suffix == "+jitstep":
+        return thunder.jit(step, executors=thunder_fuser.executors())
+    from thunder.dynamo import ThunderCompiler
+
+    return torch.compile(step, backend=ThunderCompiler(executors=thunder_fuser.executors()))
+
+
 class Trainer:
     """One contender's model, optimizer and step."""
 
     def __init__(self, kind: str, module: torch.nn.Module):
         self.kind, self.module = kind, module
-        through = kind.endswith(STEP_SUFFIXES)  # the step compiled too, not torch's fused one
-        self.fn = wrap(kind.removesuffix("+step") if kind.startswith("torch.compile") else kind, module)
-        self.opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=not through)
-        self.opt_step = self.opt.step
-        if through and kind.startswith("torch.compile"):
-            self.opt_step = torch.compile(self.opt.step)
-        elif through:
-            import thunder
-
-            import thunder_fuser
-
-            if kind.endswith("+jitstep"):
-                self.opt_step = thunder.jit(self.opt.step, executors=thunder_fuser.executors())
-            else:
-                from thunder.dynamo import ThunderCompiler
-
-                self.opt_step = torch.compile(self.opt.step, backend=ThunderCompiler(executors=thunder_fuser.executors()))
+        suffix = next((x for x in STEP_SUFFIXES if kind.endswith(x)), None)
+        model_kind = kind.removesuffix(suffix) if suffix else kind
+        self.fn = wrap(model_kind, module)
+        # a step compiled too is torch's foreach AdamW, not its fused one
+        self.opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=suffix is None)
+        self.opt_step = self.opt.step if suffix is None else compiled_step(self.opt.step, model_kind, suffix)
 
     def forward_backward(self, idx, targets):
         loss = self.fn(idx, targets)
