@@ -179,3 +179,36 @@ def test_thunder_jit_of_an_optimizers_step():
     unpatched = thunder.jit.__wrapped__
     with pytest.raises(AttributeError, match="is_sparse"):
         unpatched(opt.step, executors=thunder_fuser.executors())()
+
+
+def _add_pairs(xs, ys, extra=None):
+    for x, y in zip(xs, ys):
+        x.add_(y)
+    for x in (extra or {}).get("more", []):
+        x.mul_(2)
+
+
+@pytest.mark.parametrize("executors", ["thunder's", "ours"])
+def test_a_trace_made_for_a_list_of_n_never_runs_for_a_longer_list(executors):
+    """``patches/sequence_lengths.py``: thunder's prologue reads a list by index and checked
+    no length, so a trace for 3 pairs ran for 4 and left the fourth ``x`` as it was. Every
+    call, each list (nested in a dict too) of a length met before or new: eager's results."""
+    import thunder
+
+    import thunder_fuser
+
+    jfn = thunder.jit(_add_pairs, **({"executors": thunder_fuser.executors()} if executors == "ours" else {}))
+    for n, m in [(3, 0), (4, 0), (3, 0), (2, 1), (2, 3), (5, 3), (2, 1)]:
+        xs, ys, more = [torch.randn(3) for _ in range(n)], [torch.randn(3) for _ in range(n)], [torch.randn(2) for _ in range(m)]
+        want = [x + y for x, y in zip(xs, ys)] + [x * 2 for x in more]
+        with torch.no_grad():
+            jfn(xs, ys, {"more": more})
+        torch.testing.assert_close(xs + more, want)
+
+
+def test_the_lengths_key_reads_every_nested_sequence():
+    from thunder_fuser.patches.sequence_lengths import sequence_lengths
+
+    t = torch.ones(1)
+    assert sequence_lengths(([t, t], (t,), 3), {"a": {"b": [t, [t, t]]}}) == "2,1,d1,2,2"
+    assert sequence_lengths((t, 1.0), {}) == ""

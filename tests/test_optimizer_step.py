@@ -42,7 +42,7 @@ def _parameters(seed: int) -> list:
 def _gradients(params, step: int) -> None:
     g = torch.Generator().manual_seed(1000 + step)
     for p in params:
-        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+        p.grad = torch.randn(p.shape, generator=g).to(p.device, p.dtype)  # the generator draws on the CPU
 
 
 def _assert_same_state(ours, theirs) -> None:

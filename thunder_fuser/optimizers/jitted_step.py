@@ -32,6 +32,7 @@ import torch
 from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 from thunder_fuser.optimizers import updates
+from thunder_fuser.runtime.guarded_call import GuardedCall
 
 _ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
 _SGD_STEP = inspect.unwrap(torch.optim.SGD.step)
@@ -66,6 +67,8 @@ class JittedOptimizerStep:
         self.update = jit(updates.adam if kind == "adam" else updates.sgd, **jit_kwargs)
         # thunder.last_traces(step) and compile_stats read these
         self._lc_cd, self._lc_cs = getattr(self.update, "_lc_cd", None), getattr(self.update, "_lc_cs", None)
+        # the update's calls past thunder's per-call lookup of its hundreds of tensors, where that is safe
+        self.guarded_update = GuardedCall(self.update)
         self.eager_steps = self.jitted_steps = 0
         self._scalars: dict = {}  # (group, device, dtype, count) -> the scalars' tensors there
         self._staging: dict = {}  # the same keys -> the pinned buffers their numbers come from (GPU)
@@ -159,7 +162,7 @@ class JittedOptimizerStep:
         def call():
             self._count(steps)
             for lists, scalars in calls:
-                self.update(*lists, scalars, **constants)
+                self.guarded_update(*lists, scalars, **constants)
 
         return call
 
@@ -173,7 +176,7 @@ class JittedOptimizerStep:
                          nesterov=group["nesterov"], maximize=group["maximize"])
 
         def call():
-            self.update(params, grads, buffers, scalars, **constants)
+            self.guarded_update(params, grads, buffers, scalars, **constants)
 
         return call
 

@@ -13,6 +13,7 @@ every thunder function in the process (ours or not), and says so in its module d
 | ``dce_tags`` | thunder's dead-code elimination was quadratic in a fusion's size (its tags gathered per subsymbol) |
 | ``dynamo_fma`` | Dynamo's ``prims.fma`` (its ``addcmul_``/``addcdiv_``) went to Inductor: a single-tensor optimizer step came apart per parameter |
 | ``alias_keys`` | every call grouped its tensor arguments by storage in a Python loop: a third of an optimizer step's host time |
+| ``sequence_lengths`` | a trace made for a list of n tensors also ran for a longer list, on its first n: the rest's in-place updates silently lost |
 | ``split_copies`` | ThunderFX kept a stale second copy of every tensor Dynamo's graph held (an optimizer's parameters and states) |
 | ``profiler_ranges`` | a ``record_function`` range (every torch optimizer's ``step``) failed ``thunder.jit`` |
 | ``jit_optimizer_step`` | ``thunder.jit(optimizer.step)`` of torch's ``Adam``, ``AdamW`` or ``SGD`` failed tracing (a state dict keyed by parameter); in ``optimizers/jit_patch.py``, applied from the package's import |
@@ -30,6 +31,7 @@ from thunder_fuser.patches.foreach_ops import register_foreach_ops
 from thunder_fuser.patches.nll_loss_backward import reshape_to_the_logits
 from thunder_fuser.patches.profiler_ranges import trace_ranges_as_nothing
 from thunder_fuser.patches.scalar_tensor_grads import sum_scalar_tensor_grads
+from thunder_fuser.patches.sequence_lengths import key_by_sequence_lengths
 from thunder_fuser.patches.split_copies import share_split_tensors
 from thunder_fuser.patches.splitter_executors import ask_the_compilers_executors
 from thunder_fuser import config
@@ -41,7 +43,7 @@ PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_t
            "scalar_tensor_grads": sum_scalar_tensor_grads, "trace_cache": bound_thunders_trace_cache,
            "thunderfx_graphs": generate_each_pieces_code, "foreach_ops": lambda: bool(register_foreach_ops()),
            "dynamo_fma": register_dynamo_fma, "dce_tags": linear_dce,
-           "alias_keys": quick_alias_keys, "split_copies": share_split_tensors,
+           "alias_keys": quick_alias_keys, "sequence_lengths": key_by_sequence_lengths, "split_copies": share_split_tensors,
            "profiler_ranges": trace_ranges_as_nothing, "splitter_executors": ask_the_compilers_executors}
 
 
