@@ -129,3 +129,20 @@ def test_any_sequence_of_calls_matches_eager(kinds, seed):
             _check(call, xs, ys, scale)
     finally:
         del os.environ["THUNDER_FUSER_KERNELS"]
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_direct_calls_match_eager_on_fresh_and_repeated_tensors():
+    """CuTe kernels and their region graphs under the direct call: tensors at new addresses
+    each call, the same tensors again, then the same metadata on the CPU (thunder's call)."""
+    call = GuardedCall(thunder.jit(_update, executors=thunder_fuser.executors()))
+
+    def on_gpu(xs, ys, scale):
+        return [x.cuda() for x in xs], [y.cuda() for y in ys], scale.cuda()
+
+    kept = on_gpu(*_fresh(SHAPES, 0))
+    assert not _check(call, *kept)
+    for seed in range(1, 7):
+        assert _check(call, *(kept if seed % 2 else on_gpu(*_fresh(SHAPES, seed))))
+    torch.cuda.synchronize()
+    assert not _check(call, *_fresh(SHAPES, 9))  # another device: thunder's lookup

@@ -296,7 +296,7 @@ def test_a_step_count_that_moves_apart_keeps_the_step_jitted_and_right(disturb):
     ``skipped``, a parameter without a gradient then is a count behind the others (its group's
     update runs as one call per count, never as torch's step for good); ``written``, a count
     the user writes in place (a restart at another step) is read again from the tensor, past
-    the host's mirror of it (``_by_step_count``), and the bias corrections follow it."""
+    the host's mirror of it (``step_counts.py``), and the bias corrections follow it."""
     params, clone = _parameters(0), _parameters(0)
     opt, ref = torch.optim.AdamW(params, lr=1e-2), torch.optim.AdamW(clone, lr=1e-2)
     step = thunder.jit(opt.step, executors=thunder_fuser.executors())

@@ -6,7 +6,7 @@ it reads the step count on the host (thunder issues 1055 and 1057). So the step 
 where torch splits it:
 
 * on the host, as torch does: the optimizer's hooks, the closure, the step counters
-  (``state["step"] += 1`` for all of them in one ``_foreach_add_``) and what torch computes
+  (``state["step"] += 1``, mirrored on the host: ``step_counts.py``) and what torch computes
   from them in double (bias corrections, ``1 - lr * weight_decay``, ``-lr / bias_correction1``),
   written into a few 0-d tensors on the parameters' device;
 * through ``thunder.jit`` with the caller's executors: every parameter's and state tensor's
@@ -32,6 +32,7 @@ import torch
 from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 from thunder_fuser.optimizers import updates
+from thunder_fuser.optimizers.step_counts import GroupCounts, TensorMirror
 from thunder_fuser.runtime.guarded_call import GuardedCall
 
 _ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
@@ -72,7 +73,8 @@ class JittedOptimizerStep:
         self.eager_steps = self.jitted_steps = 0
         self._scalars: dict = {}  # (group, device, dtype, count) -> the scalars' tensors there
         self._staging: dict = {}  # the same keys -> the pinned buffers their numbers come from (GPU)
-        self._host_steps: dict = {}  # id(step tensor) -> (weak ref, version, value)
+        self._counts: dict = {}  # id(group) -> its step counts as the host last left them
+        self._mirror = TensorMirror()  # each step tensor's count, for a group's new view
 
     def __call__(self, closure=None):
         opt = self.optimizer
@@ -146,7 +148,9 @@ class JittedOptimizerStep:
         # parameters at one step count share their scalars and their trace: a parameter that
         # had no gradient in some step is a count behind the others from then on
         calls = []
-        for k, (step, members) in enumerate(sorted(self._by_step_count(steps).items())):
+        counts = self._group_counts(group, steps)
+        by_count = counts.by_count()
+        for k, (step, members) in enumerate(sorted(by_count.items())):
             step += 1
             bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
             if fused:  # fused_adam_utils.cuh: param -= lr * wd * param; param -= lr / bc1 * m / denom
@@ -160,7 +164,7 @@ class JittedOptimizerStep:
             calls.append((lists, scalars))
 
         def call():
-            self._count(steps)
+            counts.count()
             for lists, scalars in calls:
                 self.guarded_update(*lists, scalars, **constants)
 
@@ -180,33 +184,15 @@ class JittedOptimizerStep:
 
         return call
 
-    def _by_step_count(self, steps: list) -> dict[float, list[int]]:
-        """The indices of ``steps`` by the count each tensor holds, mirrored on the host and
-        read from the tensor only when something else wrote it (its version moved): reading
-        a device's count waits for the device, and reading hundreds of CPU counts one by one
-        took half of a GPT-2 step's host part."""
-        counts: dict[float, list[int]] = {}
-        mirror = self._host_steps
-        for i, t in enumerate(steps):
-            seen = mirror.get(id(t))
-            if seen is None or seen[0]() is not t or seen[1] != t._version:
-                key = id(t)  # the entry leaves with its tensor (before the id can be reused)
-                seen = mirror[key] = (weakref.ref(t, lambda _, k=key: mirror.pop(k, None)), t._version, float(t))
-            counts.setdefault(seen[2], []).append(i)
+    def _group_counts(self, group: dict, steps: list) -> GroupCounts:
+        """``group``'s step counts: the view the last step left while it holds (nothing read),
+        else a new one (``step_counts.py``)."""
+        counts = self._counts.get(id(group))
+        if counts is None or not counts.holds(steps):
+            if counts is not None:
+                counts.retire()
+            counts = self._counts[id(group)] = GroupCounts(steps, self._mirror)
         return counts
-
-    def _count(self, steps: list) -> None:
-        """``state["step"] += 1`` for every tensor (one foreach call per device), their
-        mirrors kept."""
-        by_device: dict = {}
-        for t in steps:
-            by_device.setdefault(t.device, []).append(t)
-        for ts in by_device.values():
-            torch._foreach_add_(ts, 1.0)
-        for t in steps:
-            seen = self._host_steps.get(id(t))
-            if seen is not None and seen[0]() is t:
-                self._host_steps[id(t)] = (seen[0], t._version, seen[2] + 1)
 
     def _scalars_on(self, owner, param, values: tuple) -> list:
         """``values`` in ``param``'s math dtype as 0-d tensors on its device, kept from call to
