@@ -140,11 +140,15 @@ def host_floor(n: int) -> None:
     """The host work that every step keeping torch's state must do: ``state["step"] += 1`` on
     ``n`` CPU counts (torch's foreach step does this too), and one CUDA graph's replay."""
     counts = [torch.tensor(0.0) for _ in range(n)]
-    ts = []
-    for _ in range(50):
-        t0 = time.perf_counter()
-        torch._foreach_add_(counts, 1.0)
-        ts.append(time.perf_counter() - t0)
+    floor = {}
+    for name, fn in (("_foreach_add_", lambda: torch._foreach_add_(counts, 1.0)),
+                     ("_foreach_copy_", lambda: torch._foreach_copy_(counts, [counts[0]] * n))):
+        ts = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        floor[name] = statistics.median(ts) * 1e3
     graph, x = torch.cuda.CUDAGraph(), torch.zeros(1, device="cuda")
     with torch.cuda.graph(graph):
         x.add_(1)
@@ -154,7 +158,7 @@ def host_floor(n: int) -> None:
         graph.replay()
         rs.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
-    print(f"host floor: {n} CPU counts += 1 in {statistics.median(ts) * 1e3:.3f} ms, "
+    print(f"host floor: {n} CPU counts += 1 by " + ", ".join(f"{k} {v:.3f} ms" for k, v in floor.items()) + ", "
           f"a one-kernel graph's replay {statistics.median(rs) * 1e3:.3f} ms")
 
 
