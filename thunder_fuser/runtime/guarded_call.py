@@ -43,7 +43,10 @@ class _PythonGuards:
         self.metas = [_meta(t) for t in tensors]
 
     def check(self, *tensors) -> bool:
-        return list(map(_meta, tensors)) == self.metas
+        try:
+            return list(map(_meta, tensors)) == self.metas
+        except AttributeError:  # something other than a tensor, as TensorGuards answers
+            return False
 
 
 def _meta(t):
@@ -132,9 +135,7 @@ class GuardedCall:
         for a in args:
             if isinstance(a, torch.Tensor):
                 parts.append("T")
-            elif type(a) is list or type(a) is tuple:
-                if not all(isinstance(t, torch.Tensor) for t in a):
-                    return None
+            elif type(a) is list or type(a) is tuple:  # of tensors: the guard checks each (a record, that all are)
                 parts.append((type(a), len(a)))
             elif type(a) in _CONSTANTS:
                 parts.append((type(a), a))
@@ -150,6 +151,8 @@ class GuardedCall:
         """After thunder's call: the entry thunder's lookup picks for these arguments (looked
         up once more: the prologue only unpacks and checks), where each input of its
         computation and epilogue comes from."""
+        if not all(isinstance(t, torch.Tensor) for t in flat):
+            return  # a list holding something else: every such call is thunder's (the guard fails on it)
         plain = [t for t in flat if type(t) is torch.Tensor]
         if len({t.untyped_storage().data_ptr() for t in plain}) != len(plain):
             return  # thunder's alias key was not "": its entry is for that sharing
