@@ -297,7 +297,8 @@ def table(doc: dict) -> str:
         for kind, row in res["contenders"].items():
             extra = row.get("extra_bytes")
             lines.append(" | ".join(str(x) for x in (
-                f"| {res['model']} ({res['layers']} layers, {res['tensors']} tensors)",
+                f"| {res['model']} ({res['layers']} layers, {res['tensors']} tensors)"
+                + (f", {res['run']}" if "run" in res else ""),
                 f"{res['parameters'] / 1e6:.0f}M", res["master"], kind, row.get("step_ms", ""),
                 row.get("x_limit", ""), row.get("gpu_ms", ""), row.get("kernels", ""),
                 "" if extra is None else round(extra / 2**20, 1), row.get("regions") or "",
