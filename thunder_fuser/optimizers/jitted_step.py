@@ -20,6 +20,13 @@ builds the state, as it would), sparse or complex gradients, ``capturable`` or
 ``differentiable``, a step inside a CUDA graph's capture, tensor betas, a group whose
 parameters are on several devices or of fp64 and other dtypes mixed. Parameters of a group at different step counts (one had no
 gradient in a step) are updated in one call per count.
+
+A step of a small model is bound by the host, so each per-step walk over the tensors
+counts: the counts are read and written through a host view of them (``step_counts.py``),
+and the update's calls after the first go past thunder's per-call cache lookup to the
+cached computation while a guard of every tensor's metadata holds (``GuardedCall``).
+GPT-2's AdamW (148 tensors) on the H200: 2.07 -> 1.41 ms a step queued, of which the
+update call 0.99 -> 0.73 (``scripts/optimizer_step_host.py``).
 """
 
 from __future__ import annotations
