@@ -25,8 +25,8 @@ A step of a small model is bound by the host, so each per-step walk over the ten
 counts: the counts are read and written through a host view of them (``step_counts.py``),
 and the update's calls after the first go past thunder's per-call cache lookup to the
 cached computation while a guard of every tensor's metadata holds (``GuardedCall``).
-GPT-2's AdamW (148 tensors) on the H200: 2.07 -> 1.41 ms a step queued, of which the
-update call 0.99 -> 0.73 (``scripts/optimizer_step_host.py``).
+GPT-2's AdamW (148 tensors), in two runs on H200 hosts (whose speed varies): 2.07 -> 1.41
+ms a step queued, of which the update call 0.99 -> 0.73 (``scripts/optimizer_step_host.py``).
 """
 
 from __future__ import annotations
