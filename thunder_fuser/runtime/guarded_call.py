@@ -17,9 +17,9 @@ would pick the same entry: every tensor of the same type, dtype, device, ``requi
 sizes and strides as recorded (torch's ``TensorGuards``, one C++ call over all of them),
 and no two plain tensors sharing storage, as none did when recorded (thunder's alias key
 was then ``""``). Anything else (a new shape, shared storage, an argument that is neither
-a tensor, a list of tensors nor a hashable constant, a computation with a backward or a
-thunder other than 0.2.6) takes thunder's call, which is always right. Each shape of the arguments keeps its
-``KEPT`` latest recorded calls (tensors of other sizes in turns). The recorded call
+a tensor, a list of tensors nor a hashable constant, autocast, a function under data
+parallel, a computation with a backward or a thunder other than 0.2.6) takes thunder's
+call, which is always right. Each shape of the arguments keeps its ``KEPT`` latest recorded calls (tensors of other sizes in turns). The recorded call
 skips thunder's call statistics (``cache_hits``, ``calls``); ``last_traces`` stay those of
 the entry it runs.
 """
@@ -109,7 +109,10 @@ class GuardedCall:
 
         self.jitted = jitted
         self.cd = getattr(jitted, "_lc_cd", None)
+        fn = getattr(self.cd, "fn", None)
+        # data parallel's cache info reads whether gradients sync this call: its lookup decides
         self.enabled = (thunder.__version__ == "0.2.6" and getattr(self.cd, "get_computation_and_inputs", None) is not None
+                        and not getattr(fn, "use_ddp", False) and not getattr(fn, "use_fsdp", False)
                         and self.cd.cache_option in (thunder.CACHE_OPTIONS.CONSTANT_VALUES, thunder.CACHE_OPTIONS.SYMBOLIC_VALUES))
         self.recorded: dict = {}
         self.direct_calls = 0  # calls that skipped thunder's lookup
@@ -143,9 +146,10 @@ class GuardedCall:
                 return None
         if not all(type(v) in _CONSTANTS for v in kwargs.values()):
             return None
+        if torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled():
+            return None  # thunder's cache info then holds autocast's dtypes too: its lookup decides
         return (tuple(parts), tuple(sorted((k, type(v), v) for k, v in kwargs.items())), torch.get_default_dtype(),
-                str(torch.get_default_device()), torch.is_autocast_enabled(), torch.is_autocast_cpu_enabled(),
-                torch.is_grad_enabled())
+                str(torch.get_default_device()), torch.is_grad_enabled())
 
     def _record(self, shape, flat: list, args, kwargs) -> None:
         """After thunder's call: the entry thunder's lookup picks for these arguments (looked
