@@ -21,9 +21,9 @@ thunder 0.2.6 only.
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from thunder_fuser.patches.wrap import on_each_jitted
 
 _LEAVES = frozenset((torch.Tensor, torch.nn.Parameter, int, float, bool, str, type(None), torch.dtype, torch.device))
 
@@ -78,20 +78,4 @@ def _install(jitted) -> None:
 def quick_alias_keys() -> bool:
     """Wrap ``thunder.jit`` so that each function it makes gets the quick key; whether it
     took (another thunder keeps its own)."""
-    import thunder
-
-    if thunder.__version__ != "0.2.6":
-        return False
-    if getattr(thunder.jit, "quick_alias_keys", False):
-        return True
-    jit = thunder.jit
-
-    @functools.wraps(jit)
-    def quick_jit(*args, **kwargs):
-        jitted = jit(*args, **kwargs)
-        _install(jitted)
-        return jitted
-
-    quick_jit.quick_alias_keys = True
-    thunder.jit = quick_jit
-    return True
+    return on_each_jitted("quick_alias_keys", _install)

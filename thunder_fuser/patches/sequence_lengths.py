@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 
+from thunder_fuser.patches.wrap import on_each_jitted
+
 _LENGTHS_KEY = "sequence_lengths"
 
 
@@ -90,20 +92,4 @@ def _install(jitted) -> bool:
 
 def key_by_sequence_lengths() -> bool:
     """Wrap ``thunder.jit`` so that each function it makes keys its cache by the lengths."""
-    import thunder
-
-    if thunder.__version__ != "0.2.6":
-        return False
-    if getattr(thunder.jit, "sequence_lengths", False):
-        return True
-    jit = thunder.jit
-
-    @functools.wraps(jit)
-    def jit_keyed_by_lengths(*args, **kwargs):
-        jitted = jit(*args, **kwargs)
-        _install(jitted)
-        return jitted
-
-    jit_keyed_by_lengths.sequence_lengths = True
-    thunder.jit = jit_keyed_by_lengths
-    return True
+    return on_each_jitted("sequence_lengths", _install)

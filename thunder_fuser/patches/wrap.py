@@ -19,3 +19,28 @@ def wrap_once(owner, name: str, wrap: Callable[[Callable], Callable]) -> bool:
         setattr(new, _PATCHED, True)
         setattr(owner, name, new)
     return True
+
+
+def on_each_jitted(marker: str, install: Callable) -> bool:
+    """Wrap ``thunder.jit`` so that ``install(jitted)`` runs on each function it makes; once
+    per ``marker`` (several such patches wrap it in turn, each under its own mark, where
+    ``wrap_once``'s one mark would let only the first on), on thunder 0.2.6 only."""
+    import functools
+
+    import thunder
+
+    if thunder.__version__ != "0.2.6":
+        return False
+    if getattr(thunder.jit, marker, False):
+        return True
+    jit = thunder.jit
+
+    @functools.wraps(jit)
+    def jit_and_install(*args, **kwargs):
+        jitted = jit(*args, **kwargs)
+        install(jitted)
+        return jitted
+
+    setattr(jit_and_install, marker, True)
+    thunder.jit = jit_and_install
+    return True
