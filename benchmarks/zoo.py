@@ -227,6 +227,41 @@ LEFT_OUTSIDE_BY_OP = (
 )
 
 
+# a kernel in a CUDA graph has no launching op (the host only replays the graph): one that
+# runs among an op's own kernels, with no kernel but torch's between, is that op's. H200,
+# Llama-3.2-1B's embedding backward in a graph: an arange, memsets, the radix sort, the
+# [vocabulary, dim] gradient's bf16 fill, cub's compaction init, unique_by_key, the scans,
+# compute_grad_weight, sum_and_scatter, nothing of ours between. A copy never inherits a
+# reason this way (a copy is ours to take).
+INHERITS_IN_A_RUN = ("embedding",)
+
+
+def runs_explained(names: list, whys: list) -> list:
+    """``whys`` (one per torch kernel of a step, in launch order; None marks a kernel of
+    another kind, which ends a run) with each unexplained kernel that is no copy given the
+    reason of its run of torch kernels, where every explained kernel of the run (memsets
+    aside) has one reason of ``INHERITS_IN_A_RUN`` and the kernel runs before the last of
+    them."""
+    out = list(whys)
+    start = 0
+    while start < len(whys):
+        if whys[start] is None:
+            start += 1
+            continue
+        end = start
+        while end < len(whys) and whys[end] is not None:
+            end += 1
+        reasons = {w for w, n in zip(whys[start:end], names[start:end]) if w != "unexplained" and "Memset" not in n}
+        last = max((i for i in range(start, end) if whys[i] in reasons), default=-1)
+        if len(reasons) == 1 and any(m in next(iter(reasons)) for m in INHERITS_IN_A_RUN):
+            reason = next(iter(reasons))
+            for i in range(start, last):
+                if out[i] == "unexplained" and "copy" not in names[i].lower():
+                    out[i] = reason
+        start = end
+    return out
+
+
 def left_outside_why(name: str, op: str = "") -> str:
     """Why a torch kernel runs outside our regions (``op``: the outermost torch op that
     launched it, where the profiler tells), or "unexplained"."""
@@ -302,6 +337,7 @@ def kernel_kinds(prof) -> dict:
     groups: dict[str, dict] = {}  # op group -> kind (ours, triton) -> ms
     fused: dict[str, list] = {}  # a fused kernel's name without its operands -> [calls, ms]
     matmuls: dict[str, list] = {}  # a matmul kernel's name (cuBLAS's tile and layout) -> [calls, ms]
+    in_order: list = []  # (kernel, its launching op, why) in launch order; None for kernels not torch's
     for e in sorted(kernels, key=lambda e: e.time_range.start):
         kind = kernel_kind(e.name)
         ms[kind] = ms.get(kind, 0.0) + e.device_time / 1e3
@@ -317,7 +353,14 @@ def kernel_kinds(prof) -> dict:
             hit[1] += e.device_time / 1e3
         if kind == "torch":
             by = launched_by.get(e.name)
-            hit = torch_kernels.setdefault((e.name[:160], by.pop(0) if by else ""), [0, 0.0])
+            op = by.pop(0) if by else ""
+            in_order.append((e, op, left_outside_why(e.name, op)))
+        else:
+            in_order.append((e, None, None))
+    whys = runs_explained([e.name for e, _, _ in in_order], [w for _, _, w in in_order])
+    for (e, op, _), why in zip(in_order, whys):
+        if why is not None:
+            hit = torch_kernels.setdefault((e.name[:160], op, why), [0, 0.0])
             hit[0] += 1
             hit[1] += e.device_time / 1e3
     left = sorted(torch_kernels.items(), key=lambda kv: -kv[1][1])
@@ -331,8 +374,8 @@ def kernel_kinds(prof) -> dict:
             # layers: torch.compile's and ours alike); a matmul column apart says which ran longer
             "matmul_kernels": [{"name": n, "calls": c, "ms": round(t, 3)}
                                for n, (c, t) in sorted(matmuls.items(), key=lambda kv: -kv[1][1])[:20]],
-            "torch_kernels": [{"name": n, "op": op, "calls": c, "ms": round(t, 3), "why": left_outside_why(n, op)}
-                              for (n, op), (c, t) in left[:20]],
+            "torch_kernels": [{"name": n, "op": op, "calls": c, "ms": round(t, 3), "why": why}
+                              for (n, op, why), (c, t) in left[:20]],
             **idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in kernels])}
 
 
