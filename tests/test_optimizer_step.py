@@ -372,3 +372,34 @@ def test_a_jitted_step_captured_in_a_cuda_graph_is_torchs_and_says_what_it_needs
     with pytest.raises(RuntimeError, match="capturable"):
         with torch.cuda.graph(graph):
             step()
+
+
+@pytest.mark.parametrize("kind", ["complex", "sparse gradient", "fp64 beside fp32"])
+def test_a_group_the_update_cannot_take_steps_as_torchs_own_and_right(kind):
+    """What the jitted update leaves to torch (``_group_call``'s checks of every tensor's
+    kind): each such step is torch's own, with torch's results."""
+    def made():
+        ps = [torch.nn.Parameter(p.detach().clone()) for p in _parameters(0)]
+        if kind == "complex":
+            ps[1] = torch.nn.Parameter(torch.randn(32, dtype=torch.complex64, generator=torch.Generator().manual_seed(3)))
+        if kind == "fp64 beside fp32":
+            ps[2] = torch.nn.Parameter(ps[2].detach().double())
+        return ps
+
+    params, clone = made(), made()
+    # torch's Adam refuses sparse gradients; its SGD takes them
+    make = (lambda ps: torch.optim.SGD(ps, lr=1e-2)) if kind == "sparse gradient" else (
+        lambda ps: torch.optim.Adam(ps, lr=1e-2))
+    opt, ref = make(params), make(clone)
+    step = thunder.jit(opt.step, executors=thunder_fuser.executors())
+    for i in range(3):
+        for ps in (params, clone):
+            _gradients(ps, i)
+            if kind == "sparse gradient":
+                ps[1].grad = ps[1].grad.to_sparse()
+        step()
+        ref.step()
+    assert (step.eager_steps, step.jitted_steps) == (3, 0)
+    _assert_same_state(opt, ref)
+    for p, q in zip(params, clone):
+        torch.testing.assert_close(p, q)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from itertools import chain
+from operator import attrgetter
 
 import torch
 from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
@@ -42,6 +43,7 @@ from thunder_fuser.optimizers import updates
 from thunder_fuser.optimizers.step_counts import GroupCounts, TensorMirror
 from thunder_fuser.runtime.guarded_call import GuardedCall
 
+_DEVICE, _DTYPE, _LAYOUT = attrgetter("device"), attrgetter("dtype"), attrgetter("layout")
 _ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
 _SGD_STEP = inspect.unwrap(torch.optim.SGD.step)
 
@@ -128,13 +130,13 @@ class JittedOptimizerStep:
         if params[0].is_cuda and torch.cuda.is_current_stream_capturing():
             return False  # a graph would keep this step's numbers: torch's step says what it needs
         grads = [p.grad for p in params]
-        # one pass over the kinds of tensors met (a step checks hundreds of them)
-        kinds = {(p.device, p.dtype, g.layout, g.dtype) for p, g in zip(params, grads)}
-        if any(layout is not torch.strided or dtype.is_complex or gdtype.is_complex for _, dtype, layout, gdtype in kinds):
+        # the kinds of tensors met, one C-level pass each (a step checks hundreds of them)
+        dtypes, grad_dtypes = set(map(_DTYPE, params)), set(map(_DTYPE, grads))
+        if set(map(_LAYOUT, grads)) != {torch.strided} or any(d.is_complex for d in dtypes | grad_dtypes):
             return False  # sparse or complex gradients, complex parameters
-        if len({k[0] for k in kinds}) != 1 or len({updates.math_dtype(k[1]) for k in kinds}) != 1:
+        if len(set(map(_DEVICE, params))) != 1 or len({updates.math_dtype(d) for d in dtypes}) != 1:
             return False  # several devices, fp64 beside fp32
-        states = [self.optimizer.state.get(p) for p in params]
+        states = list(map(self.optimizer.state.get, params))
         if self.kind == "adam":
             return self._adam_call(group, params, grads, states)
         return self._sgd_call(group, params, grads, states)
@@ -144,10 +146,12 @@ class JittedOptimizerStep:
         if isinstance(beta1, torch.Tensor) or isinstance(beta2, torch.Tensor):
             return False
         amsgrad = group["amsgrad"]
-        needed = {"step", "exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if amsgrad else set())
-        if not all(s and s.keys() >= needed for s in states):
-            return False  # a first step: torch builds the state
-        steps = [s["step"] for s in states]
+        try:
+            steps = [s["step"] for s in states]
+            moments = ([s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                       [s["max_exp_avg_sq"] for s in states] if amsgrad else [])
+        except (KeyError, TypeError):  # a state without them, or none (None): torch builds it
+            return False
         lr, wd, fused = _number(group["lr"]), group["weight_decay"], bool(group.get("fused"))
         decoupled = bool(group.get("decoupled_weight_decay", isinstance(self.optimizer, torch.optim.AdamW)))
         constants = dict(beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=wd, decoupled=decoupled,
@@ -165,9 +169,10 @@ class JittedOptimizerStep:
             else:  # _single_tensor_adam: param.mul_(1 - lr * wd); param.addcdiv_(m, denom, value=-lr / bc1)
                 values = (1 - lr * wd, -(lr / bc1), bc2 ** 0.5)
             scalars = self._scalars_on((id(group), k), params[members[0]], values)
-            lists = ([params[i] for i in members], [grads[i] for i in members],
-                     [states[i]["exp_avg"] for i in members], [states[i]["exp_avg_sq"] for i in members],
-                     [states[i]["max_exp_avg_sq"] for i in members] if amsgrad else [])
+            if len(by_count) == 1:  # the common case: every parameter at one count
+                lists = (params, grads, *moments)
+            else:
+                lists = tuple([xs[i] for i in members] if xs else [] for xs in (params, grads, *moments))
             calls.append((lists, scalars))
 
         def call():
