@@ -116,6 +116,17 @@ class Stepper:
         state = [s[k] for s in self.opt.state.values() for k in ("exp_avg", "exp_avg_sq")]
         return list(self.params) + state
 
+    def held_bytes(self) -> int:
+        """What this contender holds between steps, by its tensors' storages: its parameters,
+        its masters and their gradients (``--master fp32``), and the optimizer's state (the
+        model's gradients, which every contender is handed, not counted)."""
+        tensors = list(self.params) + [s for state in self.opt.state.values() for s in state.values()
+                                       if isinstance(s, torch.Tensor)]
+        if self.master == "fp32":
+            tensors += [t for m in self.masters for t in (m, m.grad)]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(storages.values())
+
     def regions(self) -> int | None:
         """Our regions in what thunder ran (``thunderfx+fuser``, ``thunder.jit+fuser``), else ``None``."""
         if self.kind not in ("thunderfx+fuser", "thunder.jit+fuser"):
@@ -265,6 +276,7 @@ def run_model(name: str, layers: int, contenders, a, device) -> dict:
         row["step_ms"] = round(statistics.median(times[kind]), 3)
         row.update(_profile(s, device))
         row["extra_bytes"] = _extra_bytes(s, device)
+        row["held_bytes"] = s.held_bytes()
         row["regions"] = s.regions()
     return res
 
@@ -292,20 +304,21 @@ def table(doc: dict) -> str:
     lines = [f"{doc['device']}; torch {doc['torch']}; the copy limit of each model's bytes at the copy bandwidth "
              f"measured in its run", "",
              "| model | params | master | contender | step ms | x copy limit | GPU ms | kernels | extra MiB "
-             "| regions | first two steps s | error |", "|" + " --- |" * 12]
+             "| held MiB | regions | first two steps s | error |", "|" + " --- |" * 13]
     for res in doc["results"]:
         for kind, row in res["contenders"].items():
-            extra = row.get("extra_bytes")
+            extra, held = row.get("extra_bytes"), row.get("held_bytes")
             lines.append(" | ".join(str(x) for x in (
                 f"| {res['model']} ({res['layers']} layers, {res['tensors']} tensors)"
                 + (f", {res['run']}" if "run" in res else ""),
                 f"{res['parameters'] / 1e6:.0f}M", res["master"], kind, row.get("step_ms", ""),
                 row.get("x_limit", ""), row.get("gpu_ms", ""), row.get("kernels", ""),
-                "" if extra is None else round(extra / 2**20, 1), row.get("regions") or "",
+                "" if extra is None else round(extra / 2**20, 1), "" if held is None else round(held / 2**20, 1),
+                row.get("regions") or "",
                 _first_two(row), row.get("error", ""))) + " |")
         if "limit_ms" in res:
             lines.append(f"| {res['model']} copy limit ({res.get('copy_tb_s', doc['copy_tb_s'])} TB/s) | | | | "
-                         f"{res['limit_ms']} | 1.0 | | | | | | |")
+                         f"{res['limit_ms']} | 1.0 | | | | | | | |")
     return "\n".join(lines)
 
 

@@ -192,14 +192,15 @@ def _optimizer(results: str) -> list[str]:
                    "to back, contenders in turns; every contender's parameters and moments checked "
                    "against eager's after three steps. x copy limit: the step against the bytes it must move "
                    "(7 per parameter element) at the copy bandwidth of the run. Extra: memory a step allocates "
-                   "beyond what it holds. Master fp32 (`--master fp32`, the mixed-precision recipe): the model's "
+                   "beyond what it holds. Held: what the contender holds between steps by its tensors' sizes "
+                   "(parameters, masters and their gradients, the optimizer's state; not the model's gradients; "
+                   "filled in from those sizes for runs made before the column). Master fp32 (`--master fp32`, the mixed-precision recipe): the model's "
                    "parameters and gradients bf16, the optimizer's master weights, their gradients and the moments "
                    "fp32; a step copies the bf16 gradients into the masters' (torch's foreach copy), steps the "
                    "masters and copies them back into the bf16 parameters; its copy limit is of 28 bytes a parameter "
                    "(the bf16 gradient read, master and moments read and written, the bf16 parameter written). "
-                   "What it holds, by its tensors' sizes: 20 bytes a parameter (bf16 parameter and gradient 4, "
-                   "master and its gradient 8, moments 8) against 8 in bf16 (parameter, gradient, moments): "
-                   "30.0 against 12.0 GB for Llama-3.2-1B's 1.5e9 parameters.")
+                   "With the model's bf16 gradient it holds 20 bytes a parameter (held: 18) against 8 in bf16 "
+                   "(held: 6): 30.0 against 12.0 GB for Llama-3.2-1B's 1.5e9 parameters.")
 
 
 def page(results: str) -> str:

@@ -257,6 +257,11 @@ def test_the_optimizer_benchmark_steps_every_contender_alike_on_the_cpu(tmp_path
     rows = res["contenders"]
     assert set(rows) == {"eager", "thunderfx+fuser"} and not any("error" in r for r in rows.values()), rows
     assert rows["thunderfx+fuser"]["regions"] == 1 and res["master"] == master
+    # what each holds a parameter: bf16, its two bf16 moments; or bf16, an fp32 master, its fp32
+    # gradient and two fp32 moments (the step counts: a few bytes more)
+    per_element = 2 + 2 * 2 if master == "none" else 2 + 4 + 4 + 4 * 2
+    for row in rows.values():
+        assert per_element * res["parameters"] <= row["held_bytes"] <= per_element * res["parameters"] + 4096, row
 
 
 def test_a_gpu_benchmark_says_so_in_one_line_on_a_machine_without_one(monkeypatch):
