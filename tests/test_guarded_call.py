@@ -106,6 +106,22 @@ def test_tensors_that_share_storage_go_through_thunder_which_orders_the_writes(c
     assert _check(call, *_fresh(SHAPES, 3))
 
 
+def test_a_call_with_a_sparse_tensor_is_thunders_and_never_recorded():
+    """A sparse tensor has no storage or strides to guard: the call is thunder's, its result
+    eager's (recording it raised ``Cannot access storage of SparseTensorImpl`` after thunder's
+    call had run)."""
+    def scale(xs, y):
+        for x in xs:
+            x.mul_(2.0)
+        return y.to_dense() * 2
+
+    call = GuardedCall(thunder.jit(scale))
+    xs, y = [torch.ones(3)], torch.eye(3).to_sparse()
+    out = call(xs, y)
+    assert torch.equal(out, 2 * torch.eye(3)) and torch.equal(xs[0], torch.full((3,), 2.0))
+    assert not call.recorded and call.direct_calls == 0
+
+
 def test_a_plain_callable_is_called_as_it_is():
     seen = []
     call = GuardedCall(lambda *a, **k: seen.append((a, k)) or "out")

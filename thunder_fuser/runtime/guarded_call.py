@@ -155,8 +155,8 @@ class GuardedCall:
         """After thunder's call: the entry thunder's lookup picks for these arguments (looked
         up once more: the prologue only unpacks and checks), where each input of its
         computation and epilogue comes from."""
-        if not all(isinstance(t, torch.Tensor) for t in flat):
-            return  # a list holding something else: every such call is thunder's (the guard fails on it)
+        if not all(isinstance(t, torch.Tensor) and t.layout is torch.strided for t in flat):
+            return  # a list holding something else, a sparse tensor: every such call is thunder's
         plain = [t for t in flat if type(t) is torch.Tensor]
         if len({t.untyped_storage().data_ptr() for t in plain}) != len(plain):
             return  # thunder's alias key was not "": its entry is for that sharing
