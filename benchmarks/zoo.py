@@ -208,11 +208,11 @@ KINDS_BY = "every kernel_cutlass_ ours"
 
 # why a torch kernel runs outside our regions, by a mark in its name; a kernel none of these
 # names is reported as unexplained (a copy or an elementwise op is one of ours to take)
+EMBEDDING_BACKWARD = ("the embedding's backward (aten.embedding_backward): rows summed by token id, sorted "
+                      "first; no kernel family of ours scatters")
 LEFT_OUTSIDE = (
     (("sum_and_scatter", "compute_grad_weight", "radix_sort", "unique_by_key", "krn_partial", "DeviceScan",
-      "vectorized_gather", "DeviceRadixSort", "compute_num_of_partial_segments"),
-     "the embedding's backward (aten.embedding_backward): rows summed by token id, sorted first; no kernel "
-     "family of ours scatters"),
+      "vectorized_gather", "DeviceRadixSort", "compute_num_of_partial_segments"), EMBEDDING_BACKWARD),
     (("Memset",), "a driver memset (cuBLAS's and cuDNN's workspaces, the embedding backward's counts)"),
 )
 
@@ -233,7 +233,7 @@ LEFT_OUTSIDE_BY_OP = (
 # [vocabulary, dim] gradient's bf16 fill, cub's compaction init, unique_by_key, the scans,
 # compute_grad_weight, sum_and_scatter, nothing of ours between. A copy never inherits a
 # reason this way (a copy is ours to take).
-INHERITS_IN_A_RUN = ("embedding",)
+INHERITS_IN_A_RUN = (EMBEDDING_BACKWARD,)
 
 
 def runs_explained(names: list, whys: list) -> list:
@@ -253,7 +253,7 @@ def runs_explained(names: list, whys: list) -> list:
             end += 1
         reasons = {w for w, n in zip(whys[start:end], names[start:end]) if w != "unexplained" and "Memset" not in n}
         last = max((i for i in range(start, end) if whys[i] in reasons), default=-1)
-        if len(reasons) == 1 and any(m in next(iter(reasons)) for m in INHERITS_IN_A_RUN):
+        if len(reasons) == 1 and reasons <= set(INHERITS_IN_A_RUN):
             reason = next(iter(reasons))
             for i in range(start, last):
                 if out[i] == "unexplained" and "copy" not in names[i].lower():

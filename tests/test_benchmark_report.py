@@ -576,9 +576,8 @@ def test_zoo_gives_a_graphed_ops_unexplained_kernels_the_reason_of_their_run():
     """In a CUDA graph no kernel has a launching op: the embedding backward's fill and
     compaction, between its sort and its scatter with nothing of ours between, are its; a
     copy in the same run, or a fill after its last kernel or after one of ours, is not."""
-    from benchmarks.zoo import runs_explained
+    from benchmarks.zoo import EMBEDDING_BACKWARD as emb, runs_explained
 
-    emb = "the embedding's backward (aten.embedding_backward): rows summed"
     names = ["fuser_rows_kernel_cutlass", "arange_cuda_out", "Memset (Device)", "DeviceRadixSortOnesweepKernel",
              "FillFunctor<BFloat16>", "direct_copy_kernel_cuda", "DeviceCompactInitKernel", "sum_and_scatter",
              "FillFunctor<BFloat16>", "fuser_pointwise_kernel_cutlass", "FillFunctor<BFloat16>"]

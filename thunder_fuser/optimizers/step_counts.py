@@ -36,10 +36,11 @@ class TensorMirror:
 
     def value(self, t: torch.Tensor) -> float:
         seen = self.seen.get(id(t))
-        if seen is None or seen[0]() is not t or seen[1] != t._version:
-            key = id(t)
-            seen = self.seen[key] = (weakref.ref(t, lambda _, k=key: self.seen.pop(k, None)), t._version, float(t))
-        return seen[2]
+        if seen is not None and seen[0]() is t and seen[1] == t._version:
+            return seen[2]
+        value = float(t)
+        self.remember(t, t._version, value)
+        return value
 
     def remember(self, t: torch.Tensor, version: int, value: float) -> None:
         """``t`` held ``value`` at ``version``."""

@@ -48,13 +48,20 @@ def _storage_ptrs(obj, out: list) -> bool:
     return kind in _LEAVES
 
 
+def storages_distinct(*objs) -> bool:
+    """Whether thunder's alias key of arguments ``objs`` is ``""``: every plain strided tensor
+    in them on a storage of its own (False too where something other than thunder's leaves,
+    lists, tuples and string-keyed dicts is met)."""
+    ptrs: list = []
+    return all(_storage_ptrs(o, ptrs) for o in objs) and len(set(ptrs)) == len(ptrs)
+
+
 def quick_alias_key(original):
     """``original`` (thunder's ``_alias_tensor_of_args_kwargs``), answered without its loop
     where no two plain tensors among the arguments share storage."""
 
     def alias_key(*args, **kwargs) -> str:
-        ptrs: list = []
-        if _storage_ptrs(args, ptrs) and _storage_ptrs(kwargs, ptrs) and len(set(ptrs)) == len(ptrs):
+        if storages_distinct(args, kwargs):
             return ""
         return original(*args, **kwargs)
 

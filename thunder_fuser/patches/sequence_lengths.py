@@ -21,6 +21,7 @@ import functools
 from thunder_fuser.patches.wrap import on_each_jitted
 
 _LENGTHS_KEY = "sequence_lengths"
+_SEQUENCES = frozenset((list, tuple, dict))
 
 
 def sequence_lengths(args, kwargs) -> str:
@@ -39,8 +40,8 @@ def _walk(obj, out: list) -> None:
     kind = type(obj)
     if kind is list or kind is tuple:
         out.append(str(len(obj)))
-        for x in obj:
-            if type(x) in (list, tuple, dict):
+        if not _SEQUENCES.isdisjoint(map(type, obj)):  # a list of leaves: no Python step per element
+            for x in obj:
                 _walk(x, out)
     elif kind is dict:
         out.append(f"d{len(obj)}")

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from thunder_fuser.patches.alias_keys import storages_distinct
+
 try:  # torch's C++ guard of tensor metadata (dynamo's)
     from torch._C._dynamo.guards import TensorGuards
 except ImportError:  # pragma: no cover - a torch without dynamo's guards
@@ -67,6 +69,8 @@ class _Recorded:
     def __init__(self, entry, flat: list, sources: list, epi_sources: list):
         self.computation, self.epilogue = entry.computation_fn, entry.epilogue_fn
         self.guards = _guards(flat)
+        # the plain tensors, whose storages thunder's alias key compares (``storages_distinct``):
+        # where the guard holds, the same places hold tensors of the same types and layouts
         self.plain = [i for i, t in enumerate(flat) if type(t) is torch.Tensor]
         self.sources, self.epi_sources = sources, epi_sources
 
@@ -157,9 +161,10 @@ class GuardedCall:
         computation and epilogue comes from."""
         if not all(isinstance(t, torch.Tensor) and t.layout is torch.strided for t in flat):
             return  # a list holding something else, a sparse tensor: every such call is thunder's
-        plain = [t for t in flat if type(t) is torch.Tensor]
-        if len({t.untyped_storage().data_ptr() for t in plain}) != len(plain):
+        if not storages_distinct(flat):
             return  # thunder's alias key was not "": its entry is for that sharing
+        if torch.is_grad_enabled() and any(t.requires_grad for t in flat):
+            return  # its entry has a backward (checked below too): no second lookup each call
         entry, inps, pro_to_epi = self.cd.get_computation_and_inputs(*args, **kwargs)
         if entry.backward_fn is not None:
             return
