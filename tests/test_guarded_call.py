@@ -169,3 +169,22 @@ def test_on_the_gpu_direct_calls_match_eager_on_fresh_and_repeated_tensors():
         assert _check(call, *(kept if seed % 2 else on_gpu(*_fresh(SHAPES, seed))))
     torch.cuda.synchronize()
     assert not _check(call, *_fresh(SHAPES, 9))  # another device: thunder's lookup
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 3e38, -0.0])
+def test_a_direct_call_on_nan_inf_huge_and_0d_values_is_eagers(call, value):
+    """The direct call computes what thunder's would, whatever the values: NaN, infinities,
+    values whose product overflows, a negative zero; a 0-d tensor among the list's."""
+    shapes = [(4, 8), (), (3,)]
+    assert not _check(call, *_fresh(shapes, 0))
+    xs, ys, scale = _fresh(shapes, 1)
+    for y in ys:
+        y.fill_(value)
+    want = [x.clone() for x in xs]
+    _eager(want, [y.clone() for y in ys], scale)
+    before = call.direct_calls
+    with torch.no_grad():
+        call(xs, ys, scale, alpha=1.0)  # as the first call (``_check``'s): the same keyword constants
+    assert call.direct_calls == before + 1
+    for x, w in zip(xs, want):
+        torch.testing.assert_close(x, w, equal_nan=True)

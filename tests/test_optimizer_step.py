@@ -403,3 +403,40 @@ def test_a_group_the_update_cannot_take_steps_as_torchs_own_and_right(kind):
     _assert_same_state(opt, ref)
     for p, q in zip(params, clone):
         torch.testing.assert_close(p, q)
+
+
+def test_a_jitted_amsgrad_adamw_on_a_conv_model_with_nan_inf_and_missing_gradients_is_torchs():
+    """A model the jitted step was not written for (a convolution, a 0-d parameter), AdamW
+    with amsgrad and a step schedule, fresh gradients each step (``zero_grad`` to None); in
+    one step a NaN and an inf gradient and a parameter without one: every parameter and
+    state tensor as torch's step leaves them, NaNs where torch's are."""
+    def made():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5))
+        return model, torch.nn.Parameter(torch.tensor(0.3))
+
+    (model, extra), (ref_model, ref_extra) = made(), made()
+    opt, ref = (torch.optim.AdamW(list(m.parameters()) + [e], lr=1e-2, amsgrad=True)
+                for m, e in ((model, extra), (ref_model, ref_extra)))
+    schedules = [torch.optim.lr_scheduler.StepLR(o, 2, 0.5) for o in (opt, ref)]
+    step = thunder.jit(opt.step, executors=thunder_fuser.executors())
+    for i in range(8):
+        x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(i))
+        for m, e in ((model, extra), (ref_model, ref_extra)):
+            m.zero_grad(set_to_none=True)
+            e.grad = None
+            (m(x).square().mean() + e * 2).backward()
+            if i == 5:
+                m[0].bias.grad[0] = float("nan")
+                m[2].weight.grad[0, 0] = float("inf")
+                e.grad = None
+        step()
+        ref.step()
+        for s in schedules:
+            s.step()
+    assert step.jitted_steps == 7
+    for a, b in zip(list(model.parameters()) + [extra], list(ref_model.parameters()) + [ref_extra]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+    for (_, sa), (_, sb) in zip(opt.state.items(), ref.state.items()):
+        for k in sa:
+            torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-6, equal_nan=True)
