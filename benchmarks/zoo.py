@@ -328,10 +328,12 @@ def fused_name(name: str) -> str:
     return head + sep + rest.split("_")[0] if sep else name[:120]
 
 
-def kernel_kinds(prof) -> dict:
-    """GPU ms of a profiled step by kind of kernel, and the torch kernels by name."""
+def kernel_kinds(prof, launched_by: dict | None = None) -> dict:
+    """GPU ms of a profiled step by kind of kernel, and the torch kernels by name;
+    ``launched_by``: ``launching_ops`` of a step profiled with its host ops (default: of
+    ``prof``, which then needs them)."""
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    launched_by = launching_ops(prof)  # kernel name -> the ops of its launches, in order
+    launched_by = {k: list(v) for k, v in (launching_ops(prof) if launched_by is None else launched_by).items()}
     ms: dict[str, float] = {}
     torch_kernels: dict[tuple, list] = {}
     groups: dict[str, dict] = {}  # op group -> kind (ours, triton) -> ms
@@ -402,10 +404,16 @@ def idle_gaps(spans: list, top: int = 8) -> dict:
 def _profile(trainer: Trainer, idx, targets) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
+    # the host ops that launch each kernel come from a step of their own: recording them
+    # slows the host and would widen the GPU's idle gaps in the step that is measured
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as with_ops:
+        trainer.step(idx, targets)
+        torch.cuda.synchronize()
+    launched_by = launching_ops(with_ops)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         trainer.step(idx, targets)
         torch.cuda.synchronize()
-    return kernel_kinds(prof)
+    return kernel_kinds(prof, launched_by)
 
 
 def _first_step(trainer: Trainer, ref: dict, res: dict) -> str | None:

@@ -411,6 +411,30 @@ def test_zoo_ties_each_torch_kernel_to_the_op_that_launched_it():
         ("aten::embedding_backward", 0.15, False), ("aten::add", 0.007, True)]
 
 
+def test_zoo_takes_the_launching_ops_from_a_step_profiled_with_them():
+    """The zoo times a step profiled for the GPU only (recording host ops would widen its
+    gaps) and reads each kernel's launching op from another step: autograd's seed of the
+    loss's gradient, a one-element fill under ``aten::ones_like``, is explained by it; a
+    fill of the same name in a CUDA graph (no host op) stays unexplained."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    from benchmarks.zoo import kernel_kinds
+
+    fill = "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16> >"
+
+    def device(start, us):
+        return NS(name=fill, device_type=DeviceType.CUDA, device_time=us, time_range=NS(start=start, end=start + us))
+
+    launched_by = {fill: ["aten::ones_like"]}
+    timed = NS(events=lambda: [device(0, 1), device(100, 2)])
+    left = kernel_kinds(timed, launched_by)["torch_kernels"]
+    assert sorted((k["op"], k["why"]) for k in left) == [
+        ("", "unexplained"), ("aten::ones_like", "autograd's seed of the loss's gradient (a one-element ones_like in backward())")]
+    assert launched_by == {fill: ["aten::ones_like"]}  # read, not used up: a second breakdown gets the same
+
+
 def test_zoo_lists_the_matmul_kernels_by_name():
     """Two contenders' matmul columns apart: the kernels cuBLAS ran for each, with calls and time."""
     from types import SimpleNamespace as NS
