@@ -194,8 +194,11 @@ KINDS = (
     # (``kernel``, a column reduction's ``partial`` and ``finalize``); cuBLAS's own CUTLASS
     # kernels are named ``cutlass3x_...``, ``sm90_xmma_...``
     ("ours", ("kernel_cutlass_",)),
+    # before the matmuls: FlashAttention's and the memory-efficient kernels' names hold
+    # ``cutlass`` (``pytorch_flash::flash_bwd_..._kernel<..., cutlass::bfloat16_t>``)
+    ("attention", ("flash", "fmha", "attention", "sdpa", "mha")),
     ("matmul", ("gemm", "nvjet", "xmma", "cublas", "cutlass", "splitk")),
-    ("attention", ("flash", "fmha", "attention", "cudnn", "sdpa", "mha")),
+    ("attention", ("cudnn",)),
     ("optimizer", ("multi_tensor_apply", "fused_adam", "adam")),
     ("triton", ("triton",)),
 )

@@ -459,6 +459,9 @@ def test_zoo_kernels_are_told_apart_by_name():
     assert kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
     assert kernel_kind("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNN") == "matmul"
     assert kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert kernel_kind("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits"
+                       "<256, 64, 64, 8, 4, 2, 2, false, false, cutlass::bfloat16_t>>") == "attention"
+    assert kernel_kind("fmha_cutlassB_bf16_aligned_64x64_k128_sm80") == "attention"
     assert kernel_kind("kernel_cutlass_kernel_tensorptrbf16_gmem_align16_o_101_tensorptrbf16_gmem_align16_o_101____0") == "ours"
     # a column reduction's two kernels are ours too, not a matmul (the "cutlass" in their names)
     assert kernel_kind("kernel_cutlass_partial_tensorptrbf16_gmem_align16_o_div8i64_div81_tensorptrf32_gmem_o") == "ours"
