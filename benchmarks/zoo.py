@@ -198,6 +198,8 @@ KINDS = (
     # ``cutlass`` (``pytorch_flash::flash_bwd_..._kernel<..., cutlass::bfloat16_t>``)
     ("attention", ("flash", "fmha", "attention", "sdpa", "mha")),
     ("matmul", ("gemm", "nvjet", "xmma", "cublas", "cutlass", "splitk")),
+    # cuDNN's attention names hold ``sdpa`` (above); its other kernels come after the
+    # matmuls, so that a convolution's ``..._xmma_...gemm`` stays a matmul
     ("attention", ("cudnn",)),
     ("optimizer", ("multi_tensor_apply", "fused_adam", "adam")),
     ("triton", ("triton",)),
