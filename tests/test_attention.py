@@ -114,6 +114,35 @@ def test_cudnn_backward_is_right_whatever_layout_the_output_gradient_arrives_in(
     assert _claimed(jf)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_cudnn_takes_heads_up_to_256_and_matches_fp32(d):
+    """pythia's and Gemma's heads are 256 wide: attention_ex takes them where torch's own
+    cuDNN check passes (before, only up to 128, and sdpa_ex's FlashAttention-2 ran them),
+    forward and gradients within bf16's rounding of fp32's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch.manual_seed(0)
+    qkv0 = [torch.randn(2, 4, 256, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    g = torch.randn(2, 4, 256, d, device="cuda", dtype=torch.bfloat16)
+
+    def run(fn, *, up=lambda t: t):
+        qkv = [x.clone().requires_grad_() for x in qkv0]
+        out = fn(*(up(t) for t in qkv))
+        out.backward(g.to(out.dtype))
+        return [out] + [t.grad for t in qkv]
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        want = run(f, up=lambda t: t.float())
+    jf = thunder.jit(f, executors=thunder_fuser.executors())
+    for got, w in zip(run(jf), want):
+        assert ((got.float() - w.float()).norm() / w.float().norm()).item() < 1e-2
+    assert _claimed(jf), f"heads of {d} went past attention_ex"
+
+
 @pytest.mark.parametrize("way", ["thunder.jit", "ThunderFX"])
 def test_grouped_query_attention_by_enable_gqa_matches_eager(way):
     """issue 62: ``enable_gqa=True`` (current PyTorch's grouped-query attention) failed with
