@@ -17,6 +17,7 @@ every thunder function in the process (ours or not), and says so in its module d
 | ``split_copies`` | ThunderFX kept a stale second copy of every tensor Dynamo's graph held (an optimizer's parameters and states) |
 | ``profiler_ranges`` | a ``record_function`` range (every torch optimizer's ``step``) failed ``thunder.jit`` |
 | ``jit_optimizer_step`` | ``thunder.jit(optimizer.step)`` of torch's ``Adam``, ``AdamW`` or ``SGD`` failed tracing (a state dict keyed by parameter); in ``optimizers/jit_patch.py``, applied from the package's import |
+| ``matmul_adds`` | ``torch.addmm``/``addmv``/``addbmm`` (GPT-2's ``Conv1D``) ran as opaque torch calls whose backward computed the forward again under torch's autograd |
 | ``splitter_executors`` | ThunderFX's splitter asked thunder's default executors, not the compiler's, which op thunder takes: on a GPU an attention with a batch-broadcast mask went to Inductor, and an op only the defaults pass failed in ``thunder.jit`` |
 
 ``THUNDER_FUSER_PATCHES`` names the patches to apply (default: all of them).
@@ -28,6 +29,7 @@ from thunder_fuser.patches.alias_keys import quick_alias_keys
 from thunder_fuser.patches.dce_tags import linear_dce
 from thunder_fuser.patches.dynamo_fma import register_dynamo_fma
 from thunder_fuser.patches.foreach_ops import register_foreach_ops
+from thunder_fuser.patches.matmul_adds import register_matmul_adds
 from thunder_fuser.patches.nll_loss_backward import reshape_to_the_logits
 from thunder_fuser.patches.profiler_ranges import trace_ranges_as_nothing
 from thunder_fuser.patches.scalar_tensor_grads import sum_scalar_tensor_grads
@@ -44,7 +46,8 @@ PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_t
            "thunderfx_graphs": generate_each_pieces_code, "foreach_ops": lambda: bool(register_foreach_ops()),
            "dynamo_fma": register_dynamo_fma, "dce_tags": linear_dce,
            "alias_keys": quick_alias_keys, "sequence_lengths": key_by_sequence_lengths, "split_copies": share_split_tensors,
-           "profiler_ranges": trace_ranges_as_nothing, "splitter_executors": ask_the_compilers_executors}
+           "profiler_ranges": trace_ranges_as_nothing, "splitter_executors": ask_the_compilers_executors,
+           "matmul_adds": lambda: register_matmul_adds() is None}
 
 
 def chosen(name: str) -> bool:
