@@ -1,7 +1,9 @@
-"""``torch.addmm``, ``addmv`` and ``addbmm`` through thunder + fuser: forward and gradients
-as eager's for every form users write (function or method, ``beta``/``alpha``, an input
-broadcast or full), and traced as thunder's own matmul and add, never as thunder's opaque
-automatic registration whose backward computes the forward again (``patches/matmul_adds.py``)."""
+"""Ops thunder registers automatically, as thunder + fuser runs them
+(``patches/auto_registered_ops.py``): ``torch.addmm``, ``addmv`` and ``addbmm``, forward and
+gradients as eager's for every form users write (function or method, ``beta``/``alpha``, an
+input broadcast or full), traced as thunder's own matmul and add; the dtype conversion
+methods as ``to``; and no zoo model's trace holding an automatically registered op (an
+opaque torch call whose backward computes the forward again)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import thunder_fuser
+from thunder_fuser.patches.auto_registered_ops import CONVERSIONS
 
 SHAPES = {  # name: (input, a, b) shapes
     "addmm": ((5,), (4, 3), (3, 5)),
@@ -100,3 +103,52 @@ def test_gpt2s_conv1d_bias_gradient_is_a_column_sum_of_ours():
     bw = thunder.last_backward_traces(jm)[-1]
     outside = [b.sym.name for b in bw.bound_symbols if b.sym.name in ("sum", "addmm_vjp")]
     assert not outside, outside
+
+
+def _auto_registered(traces) -> set:
+    from thunder.core import prims
+
+    found, todo = set(), [b for tr in traces for b in tr.bound_symbols]
+    while todo:
+        b = todo.pop()
+        if prims.OpTags.AUTO_REGISTERED in (b.sym.tags or ()):
+            found.add(b.sym.name)
+        todo.extend(b.subsymbols)
+    return found
+
+
+@pytest.mark.parametrize("name", list(CONVERSIONS))
+def test_dtype_conversion_methods_are_thunders_to(name):
+    def f(x):
+        return getattr(x * 2, name)() * 1
+
+    x = torch.randn(4, 6, dtype=torch.float32).mul(3).requires_grad_(CONVERSIONS[name].is_floating_point)
+    jf = thunder.jit(f, executors=thunder_fuser.executors())
+    got, want = jf(x), f(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+    traces = thunder.last_traces(jf)
+    if x.requires_grad:
+        got.sum().backward()
+        gx = x.grad.clone()
+        x.grad = None
+        want.sum().backward()
+        torch.testing.assert_close(gx, x.grad)
+        traces = traces + thunder.last_backward_traces(jf)
+    assert not _auto_registered(traces)
+
+
+def test_no_zoo_model_traces_an_automatically_registered_op():
+    """Every zoo model (tiny, one layer, CPU): forward and backward hold no op of thunder's
+    automatic registration. hf-GPT2's addmm and the sliding-window masks' ``.bool()`` did."""
+    from benchmarks import model_zoo, zoo
+
+    found = {}
+    for name in zoo.ZOO:
+        built = model_zoo.build(name, layers=1, tiny=True, dtype=torch.float32)
+        jm = thunder.jit(built.module, executors=thunder_fuser.executors())
+        jm(*model_zoo.batch(built, 2, 16)).backward()
+        ops = _auto_registered(thunder.last_traces(jm)[:1] + thunder.last_backward_traces(jm)[-1:])
+        if ops:
+            found[name] = sorted(ops)
+    assert not found, found
