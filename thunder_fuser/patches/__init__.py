@@ -17,7 +17,7 @@ every thunder function in the process (ours or not), and says so in its module d
 | ``split_copies`` | ThunderFX kept a stale second copy of every tensor Dynamo's graph held (an optimizer's parameters and states) |
 | ``profiler_ranges`` | a ``record_function`` range (every torch optimizer's ``step``) failed ``thunder.jit`` |
 | ``jit_optimizer_step`` | ``thunder.jit(optimizer.step)`` of torch's ``Adam``, ``AdamW`` or ``SGD`` failed tracing (a state dict keyed by parameter); in ``optimizers/jit_patch.py``, applied from the package's import |
-| ``bool_int_promotion`` | a bool tensor with a Python int was traced as int8 (torch: int64): ``(x > 0) * 200`` wrapped to -56 in every executor that runs thunder's prims |
+| ``type_promotion`` | dtypes traced otherwise than torch computes them, and so computed in every executor that runs thunder's prims: a bool tensor with a Python int as int8 (``(x > 0) * 200`` wrapped to -56), ``uint8`` with a 0-d signed tensor as int16, ``bf16 // 3`` as fp32 |
 | ``auto_registered_ops`` | ops thunder registers automatically (``torch.addmm``/``addmv``/``addbmm``, GPT-2's ``Conv1D``; ``Tensor.bool``/``half``/...) ran as opaque torch calls whose backward computed the forward again under torch's autograd |
 | ``splitter_executors`` | ThunderFX's splitter asked thunder's default executors, not the compiler's, which op thunder takes: on a GPU an attention with a batch-broadcast mask went to Inductor, and an op only the defaults pass failed in ``thunder.jit`` |
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from thunder_fuser.patches.alias_keys import quick_alias_keys
 from thunder_fuser.patches.auto_registered_ops import define_auto_registered_ops
-from thunder_fuser.patches.bool_int_promotion import promote_bool_with_int_to_int64
+from thunder_fuser.patches.type_promotion import promote_as_torch
 from thunder_fuser.patches.dce_tags import linear_dce
 from thunder_fuser.patches.dynamo_fma import register_dynamo_fma
 from thunder_fuser.patches.foreach_ops import register_foreach_ops
@@ -50,7 +50,7 @@ PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_t
            "alias_keys": quick_alias_keys, "sequence_lengths": key_by_sequence_lengths, "split_copies": share_split_tensors,
            "profiler_ranges": trace_ranges_as_nothing, "splitter_executors": ask_the_compilers_executors,
            "auto_registered_ops": lambda: define_auto_registered_ops() is None,
-           "bool_int_promotion": promote_bool_with_int_to_int64}
+           "type_promotion": promote_as_torch}
 
 
 def chosen(name: str) -> bool:

@@ -1,0 +1,73 @@
+"""Dtypes through thunder + fuser as torch promotes them (``patches/type_promotion.py``).
+thunder's lattice gave a bool tensor with a Python int int8 (our kernels wrapped
+``(x > 0) * 200`` to -56, and a float op after it returned the wrapped values), ``uint8``
+with a 0-d signed tensor int16, and ``bf16 // 3`` fp32."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+
+import pytest
+import thunder
+import torch
+from hypothesis import given, settings, strategies as st
+
+import thunder_fuser
+
+OPS = {"mul": operator.mul, "add": operator.add, "rmul": lambda a, n: n * a}  # torch refuses a bool's subtraction
+DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.bfloat16, torch.float16, torch.float32)
+
+
+@settings(max_examples=10, deadline=None)
+@given(op=st.sampled_from(list(OPS)), n=st.integers(-(2**40), 2**40), then_float=st.booleans(),
+       zero_dim=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_bool_tensor_with_an_int_is_int64_as_in_torch(op, n, then_float, zero_dim, seed):
+    def f(x):
+        mask = (x.sum() if zero_dim else x) > 0
+        out = OPS[op](mask, n)
+        return out * x if then_float else out + torch.ones(4, dtype=torch.int32)
+
+    x = torch.randn(4, generator=torch.Generator().manual_seed(seed))
+    before = x.clone()
+    got, want = thunder.jit(f, executors=thunder_fuser.executors())(x), f(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+    assert torch.equal(x, before)
+
+
+def _tensor(dtype, zero_dim: bool):
+    x = torch.tensor([3, 1, 2, 2])
+    x = x > 1 if dtype is torch.bool else x.to(dtype)
+    return x[0] if zero_dim else x
+
+
+def _same(jf, f, *args) -> str | None:
+    want = f(*args)
+    got = jf(*args)
+    if got.dtype != want.dtype or not torch.equal(got, want):
+        return f"{want.dtype} {want.tolist()} traced as {got.dtype} {got.tolist()}"
+    return None
+
+
+def test_every_pair_of_dtypes_with_dims_or_without_adds_as_in_torch():
+    jf = thunder.jit(operator.add, executors=thunder_fuser.executors())
+    wrong = {}
+    for (da, za), (db, zb) in itertools.product(itertools.product(DTYPES, (False, True)), repeat=2):
+        a, b = _tensor(da, za), _tensor(db, zb)
+        if why := _same(jf, operator.add, a, b):
+            wrong[(da, "0-d" if za else "dims", db, "0-d" if zb else "dims")] = why
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("op", ["floordiv", "mul", "truediv"])
+def test_every_dtype_with_a_python_number_as_in_torch(op):
+    fn = getattr(operator, op)
+    wrong = {}
+    for dtype, zero_dim, n in itertools.product(DTYPES, (False, True), (True, 3, 2.5)):
+        if dtype is torch.bool and op == "floordiv":
+            continue  # torch refuses it too
+        jf = thunder.jit(lambda a, n=n: fn(a, n), executors=thunder_fuser.executors())
+        if why := _same(jf, lambda a, n=n: fn(a, n), _tensor(dtype, zero_dim)):
+            wrong[(dtype, "0-d" if zero_dim else "dims", n)] = why
+    assert not wrong, wrong
