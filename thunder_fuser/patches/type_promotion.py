@@ -24,10 +24,12 @@ against eager.
 
 from __future__ import annotations
 
+from thunder_fuser.patches.wrap import wrap_once
+
 
 def promote_as_torch() -> bool:
     """Mend thunder's exact promotion table and floor division; False where thunder is not
-    as expected (then nothing is changed)."""
+    as expected (a table whose entries differ from 0.2.6's is left as it is)."""
     try:
         from thunder import clang
         from thunder.core import dtypes, utils
@@ -52,17 +54,13 @@ def promote_as_torch() -> bool:
 
 
 def _floor_divide_in_the_promoted_dtype(clang, utils) -> bool:
-    float_path = getattr(clang, "_floor_divide_float", None)
-    if float_path is None:
-        return False
-    if getattr(float_path, "_thunder_fuser_promoted", False):
-        return True
+    def wrap(float_path):
+        def _floor_divide_float(a, b):
+            out = float_path(a, b)
+            _, result = utils.elementwise_type_promotion(
+                a, b, type_promotion_kind=utils.ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+            return clang.maybe_convert_to_dtype(out, result)
 
-    def _floor_divide_float(a, b):
-        out = float_path(a, b)
-        _, result = utils.elementwise_type_promotion(a, b, type_promotion_kind=utils.ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
-        return clang.maybe_convert_to_dtype(out, result)
+        return _floor_divide_float
 
-    _floor_divide_float._thunder_fuser_promoted = True
-    clang._floor_divide_float = _floor_divide_float
-    return True
+    return wrap_once(clang, "_floor_divide_float", wrap)
