@@ -6,6 +6,9 @@ raises ``AttributeError: Unknown attribute fill_`` with every executor. It is de
 as thunder defines ``zero_``: a copy of ``full_like(x, v)`` into ``x``, tagged in-place so
 thunder's functionalization and our ``copy_to_out_`` rewrite see it like any other.
 
+``tensor % n`` fails with every executor (``'NoneType' object is not callable``): thunder's
+proxy looks up a ``mod`` method that 0.2.6 never registers. It is ``remainder``, as in torch.
+
 ``F.scaled_dot_product_attention(..., enable_gqa=True)`` (grouped-query attention, as
 current PyTorch spells it) fails with every executor (``unexpected keyword argument
 'enable_gqa'``): thunder's symbol predates the argument. It is translated here: key and
@@ -20,6 +23,7 @@ import torch
 
 def register_missing_torch_ops() -> None:
     _register_fill_()
+    _register_mod()
     _register_enable_gqa()
 
 
@@ -36,6 +40,14 @@ def _register_fill_() -> None:
         return ltorch._copy_(a, ltorch.full_like(a, value))
 
     _traced_as(torch.Tensor.fill_, fill_)
+
+
+def _register_mod() -> None:
+    import thunder.torch as ltorch
+    from thunder.torch.langctx import _method_name_to_fn_map, register_method
+
+    if "mod" not in _method_name_to_fn_map:
+        register_method("mod", ltorch.remainder)
 
 
 def _traced_as(torchfn, thunderfn) -> None:

@@ -13,6 +13,9 @@ traced prims (ours, nvFuser) returns the traced dtype, and the values computed i
   torch: a 0-d tensor of the same category as a tensor with dims does not promote it
   (``uint8 + int64 0-d`` is uint8, ``int8 + uint8 0-d`` is int8); two 0-d ones promote as
   ``torch.promote_types`` (``uint8 0-d + int32 0-d`` is int32, not int16).
+- ``copysign(a, b)`` returned ``a``'s dtype (``copysign(bf16, fp32)`` in bf16, and an
+  integer ``a`` with a bf16 ``b`` in fp32). torch: the operands' promoted dtype, integers
+  made float.
 - ``floor_divide`` of a bf16 or fp16 tensor (``x // 3``): thunder's float path ends in a
   ``copysign(0, ...)`` and a ``where`` that widen it to fp32. torch returns the operands'
   promoted dtype (computed in fp32, rounded once).
@@ -50,17 +53,19 @@ def promote_as_torch() -> bool:
         return False  # a thunder whose table differs: leave it
     for i, j, _, now in cells:
         table[i][j] = now
-    return _floor_divide_in_the_promoted_dtype(clang, utils)
+    kind = utils.ELEMENTWISE_TYPE_PROMOTION_KIND
+    return (_in_the_promoted_dtype(clang, utils, "_floor_divide_float", kind.DEFAULT)
+            and _in_the_promoted_dtype(clang, utils, "copysign", kind.INT_TO_FLOAT))
 
 
-def _floor_divide_in_the_promoted_dtype(clang, utils) -> bool:
-    def wrap(float_path):
-        def _floor_divide_float(a, b):
-            out = float_path(a, b)
-            _, result = utils.elementwise_type_promotion(
-                a, b, type_promotion_kind=utils.ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
-            return clang.maybe_convert_to_dtype(out, result)
+def _in_the_promoted_dtype(clang, utils, name: str, kind) -> bool:
+    """``clang.<name>(a, b)`` converted to the dtype torch promotes ``a`` and ``b`` to."""
+    def wrap(op):
+        def in_the_promoted_dtype(a, b):
+            _, result = utils.elementwise_type_promotion(a, b, type_promotion_kind=kind)
+            return clang.maybe_convert_to_dtype(op(a, b), result)
 
-        return _floor_divide_float
+        in_the_promoted_dtype.__name__ = in_the_promoted_dtype.__qualname__ = op.__name__
+        return in_the_promoted_dtype
 
-    return wrap_once(clang, "_floor_divide_float", wrap)
+    return wrap_once(clang, name, wrap)
