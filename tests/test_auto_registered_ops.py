@@ -19,6 +19,7 @@ SHAPES = {  # name: (input, a, b) shapes
     "addmm": ((5,), (4, 3), (3, 5)),
     "addmv": ((4,), (4, 3), (3,)),
     "addbmm": ((4, 5), (2, 4, 3), (2, 3, 5)),
+    "baddbmm": ((2, 4, 5), (2, 4, 3), (2, 3, 5)),
 }
 
 
@@ -70,6 +71,65 @@ def test_beta_and_alpha_scale_as_eagers(name, beta, alpha, seed):
 def test_addmm_input_broadcasts_from_a_row_or_a_column_as_eagers():
     for shape in ((1, 5), (4, 1), (4, 5)):
         _check("addmm", False, {}, input_shape=shape)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_a_zero_factor_ignores_its_term_and_gives_it_zero_gradients(name):
+    """beta=0 ignores a NaN input, alpha=0 an inf product (BLAS's rule, torch's, but for
+    torch's own baddbmm, which multiplies it by 0); the ignored term's gradient is zeros as
+    torch gives, not None (an optimizer skips None). transformers' older attention passes
+    ``torch.empty`` as baddbmm's input with beta=0."""
+    for kw, poisoned in ((dict(beta=0), 0), (dict(alpha=0), 1)):
+        def f(inp, a, b, kw=kw):
+            return getattr(torch, name)(inp, a, b, **kw)
+
+        args = _inputs(name, 3)
+        with torch.no_grad():
+            args[poisoned].fill_(float("nan") if poisoned == 0 else float("inf"))
+        theirs = [t.detach().clone().requires_grad_() for t in args]
+        got, want = thunder.jit(f, executors=thunder_fuser.executors())(*args), f(*theirs)
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert got.isfinite().all() or (name, poisoned) == ("baddbmm", 1)
+        g = torch.randn_like(want)
+        got.backward(g)
+        want.backward(g)
+        for o, t in zip(args, theirs):
+            assert o.grad is not None
+            torch.testing.assert_close(o.grad, t.grad, equal_nan=True)
+
+
+def test_odd_inputs_as_eagers():
+    """a 0-d input, an input sliced with strides, transposed operands, an input that is an
+    operand, bf16 and huge values."""
+    r = torch.randn
+    cases = {
+        "0-d input": (lambda i, a, b: torch.addmm(i, a, b), r(()), r(4, 3), r(3, 5)),
+        "strided input": (lambda i, a, b: torch.addmm(i[:, ::2], a, b), r(4, 10), r(4, 3), r(3, 5)),
+        "transposed operands": (lambda i, a, b: torch.addmm(i, a.t(), b.t()), r(5), r(3, 4), r(5, 3)),
+        "bf16": (lambda i, a, b: torch.addmm(i, a, b), r(5).bfloat16(), r(64, 32).bfloat16(), r(32, 5).bfloat16()),
+        "huge": (lambda i, a, b: torch.addmm(i, a, b), r(5) * 1e30, r(4, 3) * 1e18, r(3, 5) * 1e18),
+        "aliased": (lambda x: torch.addmm(x, x, x.t()), r(4, 4)),
+    }
+    for why, (f, *args) in cases.items():
+        ours = [t.clone().requires_grad_() for t in args]
+        theirs = [t.clone().requires_grad_() for t in args]
+        got, want = thunder.jit(f, executors=thunder_fuser.executors())(*ours), f(*theirs)
+        tol = dict(rtol=2e-2, atol=2e-2) if want.dtype == torch.bfloat16 else {}
+        torch.testing.assert_close(got, want, **tol, msg=why)
+        g = torch.ones_like(want)
+        got.backward(g)
+        want.backward(g)
+        for o, t in zip(ours, theirs):
+            torch.testing.assert_close(o.grad, t.grad, **tol, msg=why)
+
+
+def test_operands_of_two_dtypes_are_refused_as_torch_refuses_them():
+    def f(i, a, b):
+        return torch.addmm(i, a, b)
+
+    args = torch.randn(5, dtype=torch.float64), torch.randn(4, 3), torch.randn(3, 5)
+    with pytest.raises(RuntimeError, match="addmm: the input and both operands must have one dtype"):
+        thunder.jit(f, executors=thunder_fuser.executors())(*args)
 
 
 def test_beta_zero_ignores_the_input_as_torch_documents():
@@ -136,6 +196,18 @@ def test_dtype_conversion_methods_are_thunders_to(name):
         torch.testing.assert_close(gx, x.grad)
         traces = traces + thunder.last_backward_traces(jf)
     assert not _auto_registered(traces)
+
+
+def test_a_conversion_keeps_the_memory_format_it_is_asked_for():
+    """``x.double(memory_format=torch.channels_last)``: thunder's ``to`` drops the format
+    when it converts; eager's strides."""
+    def f(x):
+        return x.double(memory_format=torch.channels_last) * 2
+
+    x = torch.randn(2, 3, 4, 5)
+    got, want = thunder.jit(f, executors=thunder_fuser.executors())(x), f(x)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
 
 
 def test_no_zoo_model_traces_an_automatically_registered_op():

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from thunder_fuser.patches.wrap import traced_as
+
 
 def register_missing_torch_ops() -> None:
     _register_fill_()
@@ -39,7 +41,7 @@ def _register_fill_() -> None:
     def fill_(a, value):
         return ltorch._copy_(a, ltorch.full_like(a, value))
 
-    _traced_as(torch.Tensor.fill_, fill_)
+    traced_as(torch.Tensor.fill_, fill_)
 
 
 def _register_mod() -> None:
@@ -48,15 +50,6 @@ def _register_mod() -> None:
 
     if "mod" not in _method_name_to_fn_map:
         register_method("mod", ltorch.remainder)
-
-
-def _traced_as(torchfn, thunderfn) -> None:
-    """thunder's jit copied the torch-to-thunder map into its lookaside table at import: an
-    entry added later goes there too, so ``torchfn`` called as a function traces."""
-    from thunder.core import jit_ext
-
-    wrap = jit_ext.ensure_recursive_proxies(jit_ext.interpreter_needs_wrap(jit_ext.record_source_loc_in_symbol_header(thunderfn)))
-    jit_ext._general_jit_lookaside_map[torchfn] = wrap
 
 
 def _register_enable_gqa() -> None:
@@ -78,7 +71,7 @@ def _register_enable_gqa() -> None:
         return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
 
     ltorch.register_function(torch.nn.functional.scaled_dot_product_attention, scaled_dot_product_attention)
-    _traced_as(torch.nn.functional.scaled_dot_product_attention, scaled_dot_product_attention)
+    traced_as(torch.nn.functional.scaled_dot_product_attention, scaled_dot_product_attention)
 
 
 def _repeat_heads(t, repeats: int):

@@ -1,5 +1,6 @@
 """How every patch goes on: once, over thunder's own function, marked so that importing us
-again (or a second ``apply_patches``) wraps nothing twice."""
+again (or a second ``apply_patches``) wraps nothing twice; and how a symbol we define for a
+torch function reaches thunder's jit (``traced_as``)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,12 @@ def on_each_jitted(marker: str, install: Callable) -> bool:
     setattr(jit_and_install, marker, True)
     thunder.jit = jit_and_install
     return True
+
+
+def traced_as(torchfn, thunderfn) -> None:
+    """thunder's jit copied the torch-to-thunder map into its lookaside table at import: an
+    entry added later goes there too, so ``torchfn`` called as a function traces."""
+    from thunder.core import jit_ext
+
+    wrap = jit_ext.ensure_recursive_proxies(jit_ext.interpreter_needs_wrap(jit_ext.record_source_loc_in_symbol_header(thunderfn)))
+    jit_ext._general_jit_lookaside_map[torchfn] = wrap
