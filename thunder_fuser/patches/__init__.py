@@ -17,8 +17,8 @@ every thunder function in the process (ours or not), and says so in its module d
 | ``split_copies`` | ThunderFX kept a stale second copy of every tensor Dynamo's graph held (an optimizer's parameters and states) |
 | ``profiler_ranges`` | a ``record_function`` range (every torch optimizer's ``step``) failed ``thunder.jit`` |
 | ``jit_optimizer_step`` | ``thunder.jit(optimizer.step)`` of torch's ``Adam``, ``AdamW`` or ``SGD`` failed tracing (a state dict keyed by parameter); in ``optimizers/jit_patch.py``, applied from the package's import |
-| ``type_promotion`` | dtypes traced otherwise than torch computes them, and so computed in every executor that runs thunder's prims: a bool tensor with a Python int as int8 (``(x > 0) * 200`` wrapped to -56), ``uint8`` with a 0-d signed tensor as int16, ``bf16 // 3`` as fp32 |
-| ``auto_registered_ops`` | ops thunder registers automatically (``torch.addmm``/``addmv``/``addbmm``, GPT-2's ``Conv1D``; ``Tensor.bool``/``half``/...) ran as opaque torch calls whose backward computed the forward again under torch's autograd |
+| ``type_promotion`` | dtypes traced otherwise than torch computes them, and so computed in every executor that runs thunder's prims: a bool tensor with a Python int as int8 (``(x > 0) * 200`` wrapped to -56), ``uint8`` with a 0-d signed tensor as int16, ``bf16 // 3`` as fp32, ``copysign`` in its first operand's dtype |
+| ``auto_registered_ops`` | ops thunder registers automatically (``torch.addmm``/``addmv``/``addbmm``, GPT-2's ``Conv1D``; ``Tensor.bool``/``half``/...) ran as opaque torch calls whose backward computed the forward again under torch's autograd; thunder's ``baddbmm`` let a NaN input through ``beta=0`` |
 | ``splitter_executors`` | ThunderFX's splitter asked thunder's default executors, not the compiler's, which op thunder takes: on a GPU an attention with a batch-broadcast mask went to Inductor, and an op only the defaults pass failed in ``thunder.jit`` |
 
 ``THUNDER_FUSER_PATCHES`` names the patches to apply (default: all of them).
@@ -49,7 +49,7 @@ PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_t
            "dynamo_fma": register_dynamo_fma, "dce_tags": linear_dce,
            "alias_keys": quick_alias_keys, "sequence_lengths": key_by_sequence_lengths, "split_copies": share_split_tensors,
            "profiler_ranges": trace_ranges_as_nothing, "splitter_executors": ask_the_compilers_executors,
-           "auto_registered_ops": lambda: define_auto_registered_ops() is None,
+           "auto_registered_ops": define_auto_registered_ops,
            "type_promotion": promote_as_torch}
 
 
