@@ -59,13 +59,18 @@ def promote_as_torch() -> bool:
 
 
 def _in_the_promoted_dtype(clang, utils, name: str, kind) -> bool:
-    """``clang.<name>(a, b)`` converted to the dtype torch promotes ``a`` and ``b`` to."""
+    """``clang.<name>(a, b)`` converted to the dtype torch promotes ``a`` and ``b`` to.
+
+    Made a clang op as thunder's own decorator makes one (``clang.clangop``): thunder's jit
+    runs a function of its clang set as it is and interprets any other, and interpreted, the
+    promotion's type check met the interpreter's wrapped proxy, not a TensorProxy (thunder's
+    opinfo for copysign jits ``clang.copysign`` itself)."""
     def wrap(op):
         def in_the_promoted_dtype(a, b):
             _, result = utils.elementwise_type_promotion(a, b, type_promotion_kind=kind)
             return clang.maybe_convert_to_dtype(op(a, b), result)
 
         in_the_promoted_dtype.__name__ = in_the_promoted_dtype.__qualname__ = op.__name__
-        return in_the_promoted_dtype
+        return clang.clangop()(in_the_promoted_dtype)
 
     return wrap_once(clang, name, wrap)
