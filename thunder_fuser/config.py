@@ -49,6 +49,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "when a region is built (each fusion pass)"),
     Setting("THUNDER_FUSER_DISSOLVE", "1",
             "dissolve a run of region ops between two matmuls into the runs around it", "at each fusion pass"),
+    Setting("THUNDER_FUSER_RECOMPUTE", "1",
+            "make again in the backward a saved tensor that pointwise ops make from values saved anyway "
+            "(`passes/recompute_in_backward.py`)", "at each fusion pass"),
     Setting("THUNDER_FUSER_DONATE", "1",
             "write a pointwise output over an input the region is the last to read", "when a region's plan is built"),
     Setting("THUNDER_FUSER_REGION_GRAPHS", "1",

@@ -32,6 +32,7 @@ from thunder_fuser.passes.eager_decompositions import register as register_eager
 from thunder_fuser.passes.hoist_externs import contiguous_of_resizes, dissolve_runs, hoist_externs, hoist_views
 from thunder_fuser.passes.input_aliases import needs_alias_guard, with_alias_guard
 from thunder_fuser.passes.narrow_loss_gradient import narrow_loss_gradients
+from thunder_fuser.passes.recompute_in_backward import recompute_in_backward
 from thunder_fuser.passes.rematerialize import rematerialize_if_safe, writes_in_place
 from thunder_fuser.rules.cross_entropy import STANDALONE
 from thunder_fuser.rules.cross_entropy import register as register_losses
@@ -183,6 +184,8 @@ class FuserExecutor(FusionExecutor):
         trace = eager_decompositions(trace)
         guarded = needs_alias_guard(trace)
         trace = narrow_loss_gradients(trace)
+        if config.flag("THUNDER_FUSER_RECOMPUTE"):
+            trace = recompute_in_backward(trace, self.can_fuse)
         trace = merge_constant_writes(functional_writes_in_place(trace))
         self._kept_apart = contiguous_of_resizes(trace.bound_symbols)
         if _on_cuda(trace):  # their start (imports: seconds) overlaps the rest of the first call

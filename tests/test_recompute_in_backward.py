@@ -1,0 +1,163 @@
+"""A saved tensor that pointwise ops make from values saved anyway is made again in the
+backward, not held from the forward (``passes/recompute_in_backward.py``): what the forward
+saves, gradients against eager, and the rule's limits (in-place writes, costlier inputs)."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+
+import thunder_fuser
+from helpers import check_gradients
+
+
+def _saved(jfn) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of each tensor the forward saves for the backward."""
+    ret = thunder.last_traces(jfn)[-1].bound_symbols[-1]
+    tensors, _ = ret.args[1]
+    return sorted(((tuple(t.shape), thunder.torch.to_torch_dtype(t.dtype)) for t in tensors), key=str)
+
+
+def _saved_bytes(jfn) -> int:
+    return sum(torch.Size(s).numel() * d.itemsize for s, d in _saved(jfn))
+
+
+def _swiglu(x, w1, w2, w3):
+    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w2), w3)
+
+
+def _swiglu_args(dtype=torch.float32):
+    x = torch.randn(16, 32, dtype=dtype)
+    return x, [torch.randn(96, 32, dtype=dtype) / 6, torch.randn(96, 32, dtype=dtype) / 6,
+               torch.randn(32, 96, dtype=dtype) / 10]
+
+
+def _jit_and_step(fn, x, params, **env):
+    jfn = thunder.jit(fn, executors=thunder_fuser.executors())
+    ref = [t.detach().clone().requires_grad_() for t in (x, *params)]
+    ours = [t.detach().clone().requires_grad_() for t in (x, *params)]
+    out = jfn(*ours)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected = fn(*ref)
+    expected.backward(grad)
+    torch.testing.assert_close(out, expected)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a.grad, b.grad)
+    return jfn
+
+
+def test_the_swiglu_product_is_made_again_for_the_weight_gradient(monkeypatch):
+    """``silu(fc1) * fc2`` feeds the down projection, whose weight gradient (a matmul) reads
+    it: saved it was one more ``[tokens, hidden]`` beside ``fc1`` and ``fc2``."""
+    x, params = _swiglu_args()
+    jfn = check_gradients(_swiglu, x, params)
+    hidden = [s for s, _ in _saved(jfn) if s == (16, 96)]
+    assert len(hidden) == 2  # fc1 and fc2, not their product
+    monkeypatch.setenv("THUNDER_FUSER_RECOMPUTE", "0")
+    before = check_gradients(_swiglu, *_swiglu_args())
+    assert len([s for s, _ in _saved(before) if s == (16, 96)]) == 3
+    assert _saved_bytes(jfn) < _saved_bytes(before)
+
+
+def test_bf16_recomputed_values_are_the_forwards_bit_for_bit():
+    """The clone repeats the forward's prims with each rounding as traced: the weight
+    gradient read from it equals the one eager computes from the forward's product."""
+    x, params = _swiglu_args(torch.bfloat16)
+    ours = [t.detach().clone().requires_grad_() for t in (x, *params)]
+    ref = [t.detach().clone().requires_grad_() for t in (x, *params)]
+    jfn = thunder.jit(_swiglu, executors=thunder_fuser.executors())
+    out = jfn(*ours)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    h = F.silu(F.linear(ref[0], ref[1])) * F.linear(ref[0], ref[2])
+    torch.testing.assert_close(ours[3].grad, (grad.t() @ h).detach(), rtol=0, atol=0)
+
+
+def _grouped_query(q, k, v, wo):
+    """K and V of 2 heads expanded to the 8 of Q, as litgpt and transformers repeat them."""
+    b, hk, t, d = k.shape
+    k = k[:, :, None].expand(b, hk, 4, t, d).reshape(b, hk * 4, t, d)
+    v = v[:, :, None].expand(b, hk, 4, t, d).reshape(b, hk * 4, t, d)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return y.transpose(1, 2).reshape(b, t, -1) @ wo
+
+
+def test_grouped_query_k_and_v_expanded_by_views_alone_stay_saved(monkeypatch):
+    """K and V expanded to every head are views alone, which the backward leaves to torch
+    between its matmuls: made again there they would be a torch copy outside our regions,
+    so the forward saves what it saved before."""
+    q, k, v = torch.randn(2, 8, 16, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+    wo = torch.randn(64, 64) / 8
+    jfn = _jit_and_step(_grouped_query, q, [k, v, wo])
+    monkeypatch.setenv("THUNDER_FUSER_RECOMPUTE", "0")
+    before = _jit_and_step(_grouped_query, q, [k, v, wo])
+    assert _saved(jfn) == _saved(before)
+
+
+def _scaled_in_place(x, w, buf):
+    h = torch.sigmoid(x @ w) * torch.exp(buf)
+    buf.add_(1)
+    return h @ w.t()
+
+
+def test_a_trace_that_writes_in_place_saves_what_it_did():
+    """Made again after ``buf.add_``, ``exp(buf)`` would read the new ``buf``: a trace with
+    an in-place write is left as it is, and its gradients are eager's."""
+    x, w, buf = torch.randn(8, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True), torch.randn(8, 16)
+    ref = [t.detach().clone().requires_grad_(t.requires_grad) for t in (x, w, buf)]
+    jfn = thunder.jit(_scaled_in_place, executors=thunder_fuser.executors())
+    out = jfn(x, w, buf)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected = _scaled_in_place(*ref)
+    expected.backward(grad)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(buf, ref[2])
+    for a, b in zip((x, w), ref[:2]):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+_UNARY = [torch.sigmoid, torch.tanh, lambda t: torch.exp(torch.tanh(t)), lambda t: t * 0.5, torch.neg, F.silu, F.gelu]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(0, len(_UNARY) - 1), min_size=1, max_size=4), st.booleans(), st.booleans())
+def test_pointwise_chains_into_a_matmul_keep_their_gradients_and_save_no_more(chain, mix, bf16):
+    """Random pointwise chains between matmuls: the same output and gradients as without
+    the pass, bit for bit (near eager's), and never more saved."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
+
+    def fn(x, w1, w2, w3):
+        a, b = x @ w1, x @ w2
+        h = a
+        for i in chain:
+            h = _UNARY[i](h)
+        if mix:
+            h = h * b
+        return h @ w3
+
+    x = torch.randn(8, 16, dtype=dtype)
+    params = [torch.randn(16, 16, dtype=dtype) / 4 for _ in range(3)]
+    grad = torch.randn(8, 16, dtype=dtype)
+
+    def step(f):
+        args = [t.detach().clone().requires_grad_() for t in (x, *params)]
+        out = f(*args)
+        out.backward(grad)
+        return f, [out.detach()] + [a.grad for a in args]
+
+    jfn, ours = step(thunder.jit(fn, executors=thunder_fuser.executors()))
+    with pytest.MonkeyPatch().context() as m:
+        m.setenv("THUNDER_FUSER_RECOMPUTE", "0")
+        before, theirs = step(thunder.jit(fn, executors=thunder_fuser.executors()))
+    _, eager = step(fn)
+    tol = 5e-2 if bf16 else 1e-4
+    for a, b, c in zip(ours, theirs, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c, rtol=tol, atol=tol)
+    assert _saved_bytes(jfn) <= _saved_bytes(before)
