@@ -140,6 +140,50 @@ def hoist_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol], boo
     return out
 
 
+def join_across_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol], bool]) -> list[BoundSymbol]:
+    """``bsyms`` with each run of claimed ops just after a block of movable unclaimed ops
+    moved up before the block, onto the run of claimed ops before it, where the run reads
+    none of the block's results: the two runs join where ``hoist_externs`` cannot (the block
+    reads the run before). Only a whole run moves (up to the next unclaimed op): a part of
+    it would hand the part left behind its results through memory, a region output more;
+    and a run of pointwise and view ops only: joined to a run before, a norm's backward
+    (its reductions) came apart in more kernels (thunder's rematerialization then passed the
+    norm's sum of squares, not its statistics, and its rows were reduced again).
+    A backward's weight-gradient matmul reads the product the run before makes again (``passes/recompute_in_backward.py``), and the SwiGLU backward after the matmul
+    reads the same fc1 and fc2: one region, one pass over them, not two. Only claimed ops
+    that write nothing move (``_passable``), past ops that write nothing (``_movable``):
+    the unclaimed ops keep their order, and what moves up makes its results a little
+    earlier, reading only what was already made."""
+    out = list(bsyms)
+    ours = lambda b: claimed(b) and _passable(b, claimed) and _movable(b)  # noqa: E731
+    i = 1
+    while i < len(out):
+        if not (claimed(out[i - 1]) and not claimed(out[i]) and _movable(out[i])):
+            i += 1
+            continue
+        j = i
+        while j < len(out) and not claimed(out[j]) and _movable(out[j]):
+            j += 1
+        k = j
+        while k < len(out) and ours(out[k]):
+            k += 1
+        made = set().union(*(_names(b.flat_proxy_outs) for b in out[i:j]))
+        whole = j < k and (k == len(out) or not claimed(out[k]))
+        if whole and not any(_names(b.flat_proxy_args) & made or _reduces_any(b) for b in out[j:k]):
+            out[i:k] = out[j:k] + out[i:j]
+            i = k  # past the block, now after the run
+        else:
+            i = j + 1
+    return out
+
+
+def _reduces_any(b: BoundSymbol) -> bool:
+    try:
+        return bool({f.sym.name for f in flatten_to_supported(b)} & set(REDUCTION))
+    except NotImplementedError:
+        return True
+
+
 def _reduces(b: BoundSymbol) -> bool:
     """A reduction whose results are smaller than its largest operand (a bias gradient's sum
     over the tokens): moved earlier, what it keeps alive longer is small."""
