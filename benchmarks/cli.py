@@ -24,3 +24,13 @@ def require_cuda(module: str, instead: str = "") -> None:
     if not torch.cuda.is_available():
         sys.exit(f"python -m {module} needs a CUDA GPU; torch {torch.__version__} sees none here."
                  + (f" {instead}" if instead else ""))
+
+
+def write_results(path: str, doc: dict, table) -> int:
+    """Write a benchmark's results JSON to ``path`` and print ``table(doc)``; 0, the exit status."""
+    import json
+
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(table(doc))
+    return 0

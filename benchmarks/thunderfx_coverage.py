@@ -66,11 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--update", action="store_true", help="keep the models of --out this run did not step")
     a = ap.parse_args(argv)
     previous = json.load(open(a.out)) if a.update and os.path.exists(a.out) else None
-    doc = gather(a.folder, a.note, previous)
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    print(table(doc))
-    return 0
+    return cli.write_results(a.out, gather(a.folder, a.note, previous), table)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,13 @@ backward reads the clones; the fusion pass fuses them with the backward's ops ar
 the split saves the clones' inputs. Recomputed with the same prims (each rounding as
 traced), a clone's values are the forward's, bit for bit.
 
-Measured on the CPU (``scripts/saved_bytes.py``: what autograd holds a layer, litgpt's
-Llama-3.2-1B at 512 tokens, bf16): 40.1 MiB before, 34.6 after (torch.compile 40.1);
-the SwiGLU product and both norms' outputs no longer held. Grouped-query attention's K and
-V expanded to every head (four times K and V) stay held: made again by views alone, they
-would be torch copies outside our regions (see ``_views_only``'s caller). ``THUNDER_FUSER_RECOMPUTE=0``
-turns it off.
+Measured on the CPU (``python -m benchmarks.saved_bytes``, what autograd holds a layer at
+512 tokens, bf16; ``benchmarks/RESULTS.md``): litgpt's Llama-3.2-1B 40.1 MiB before, 32.1
+after (torch.compile 40.1), Qwen2.5-1.5B 38.3 -> 29.5, OLMo-1B 44.0 -> 36.0, pythia-1b
+34.0 -> 26.0, phi-2 40.1 -> 30.1, transformers' Llama 40.1 -> 30.6; GPT-2 unchanged.
+Grouped-query attention's K and V expanded to every head (four times K and V) stay held:
+made again by views alone, they would be torch copies outside our regions (see
+``_views_only``'s caller). ``THUNDER_FUSER_RECOMPUTE=0`` turns it off.
 
 Run only on a trace with no in-place write, for the reason ``passes/rematerialize.py``
 gives: a value recomputed later could read what a write changed in between.
