@@ -36,7 +36,7 @@ def _swiglu_args(dtype=torch.float32):
                torch.randn(32, 96, dtype=dtype) / 10]
 
 
-def _jit_and_step(fn, x, params, **env):
+def _jit_and_step(fn, x, params):
     jfn = thunder.jit(fn, executors=thunder_fuser.executors())
     ref = [t.detach().clone().requires_grad_() for t in (x, *params)]
     ours = [t.detach().clone().requires_grad_() for t in (x, *params)]
