@@ -59,6 +59,14 @@ def flatten_to_supported(bsym: BoundSymbol) -> list[BoundSymbol]:
     return out
 
 
+def prim_names(bsym: BoundSymbol) -> set[str] | None:
+    """The names of the supported prims ``bsym`` flattens to; None where it cannot be."""
+    try:
+        return {f.sym.name for f in flatten_to_supported(bsym)}
+    except NotImplementedError:
+        return None
+
+
 def _torch_dtype(d):
     if isinstance(d, dtypes.dtype):
         return dtypes.to_torch_dtype(d)

@@ -33,7 +33,7 @@ from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.symbol import BoundSymbol
 
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID
-from thunder_fuser.ir.from_thunder import flatten_to_supported
+from thunder_fuser.ir.from_thunder import prim_names
 from thunder_fuser.ir.ops import REDUCTION, RESIZE, VIEW
 
 _WRITES = (prims.PrimIDs.COPY_, COPY_TO_OUT_ID)
@@ -65,10 +65,8 @@ _FREE_VIEWS = frozenset(VIEW) - {"stride_order"}
 
 
 def _free_view(b: BoundSymbol) -> bool:
-    try:
-        return all(f.sym.name in _FREE_VIEWS for f in flatten_to_supported(b))
-    except NotImplementedError:
-        return False
+    names = prim_names(b)
+    return names is not None and names <= set(_FREE_VIEWS)
 
 
 def _views_for_others(bsyms: list[BoundSymbol], claimed) -> set[int]:
@@ -178,20 +176,15 @@ def join_across_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol
 
 
 def _reduces_any(b: BoundSymbol) -> bool:
-    try:
-        return bool({f.sym.name for f in flatten_to_supported(b)} & set(REDUCTION))
-    except NotImplementedError:
-        return True
+    names = prim_names(b)
+    return names is None or bool(names & set(REDUCTION))
 
 
 def _reduces(b: BoundSymbol) -> bool:
     """A reduction whose results are smaller than its largest operand (a bias gradient's sum
     over the tokens): moved earlier, what it keeps alive longer is small."""
-    try:
-        prims_of = {f.sym.name for f in flatten_to_supported(b)}
-    except NotImplementedError:
-        return False
-    if not prims_of & set(REDUCTION):
+    prims_of = prim_names(b)
+    if not prims_of or not prims_of & set(REDUCTION):
         return False
     size = lambda ps: max((math.prod(p.shape) for p in ps if isinstance(p, TensorProxy)), default=0)  # noqa: E731
     return size(b.flat_proxy_outs) < size(b.flat_proxy_args)
@@ -287,9 +280,8 @@ def contiguous_of_resizes(bsyms: list[BoundSymbol]) -> frozenset[int]:
     resized: set[str] = set()
     kept: set[int] = set()
     for b in bsyms:
-        try:
-            prims_of = [f.sym.name for f in flatten_to_supported(b)]
-        except NotImplementedError:
+        prims_of = prim_names(b)
+        if prims_of is None:
             continue
         if "stride_order" in prims_of and _names(b.flat_proxy_args) & resized:
             kept.add(id(b))

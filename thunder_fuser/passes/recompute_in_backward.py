@@ -47,6 +47,7 @@ from thunder.core.trace import TraceCtx, from_trace, tracectx
 from thunder.core.utils import producers_and_consumers
 from thunder.core.proxies import Proxy, TensorProxy, Variable, variableify
 
+from thunder_fuser.ir.from_thunder import prim_names
 from thunder_fuser.ir.ops import CAST, POINTWISE, VIEW
 from thunder_fuser.passes.rematerialize import writes_in_place
 
@@ -69,18 +70,17 @@ def _forward_names(bsyms: list[BoundSymbol], ret: BoundSymbol) -> tuple[set[int]
     return ids, names
 
 
-def _leaf_names(b: BoundSymbol) -> list[str]:
-    """The prims ``b`` comes down to."""
-    if not b.subsymbols:
-        return [b.sym.name]
-    return [n for s in b.subsymbols for n in _leaf_names(s)]
+def _only(b: BoundSymbol, allowed) -> bool:
+    """Does ``b`` come down to prims of ``allowed`` alone?"""
+    names = prim_names(b)
+    return names is not None and names <= set(allowed)
 
 
 def _converted_from(t: TensorProxy, producer) -> TensorProxy | None:
     """The tensor ``t`` is a conversion or view of (through ops of one input each), where
     that tensor is no larger: thunder's rematerialization then passes it, not ``t``."""
     x = t
-    while (p := producer.get(x, None)) is not None and all(n in CAST + VIEW for n in _leaf_names(p)):
+    while (p := producer.get(x, None)) is not None and _only(p, CAST + VIEW):
         args = [a for a in p.flat_proxy_args if isinstance(a, TensorProxy)]
         if len(args) != 1:
             break
@@ -92,7 +92,7 @@ def _converted_from(t: TensorProxy, producer) -> TensorProxy | None:
 
 
 def _views_only(ops: list[BoundSymbol]) -> bool:
-    return all(n in VIEW for b in ops for n in _leaf_names(b))
+    return all(_only(b, VIEW) for b in ops)
 
 
 def _bytes(t: TensorProxy) -> int | None:
@@ -143,6 +143,8 @@ def recompute_in_backward(trace: TraceCtx, claimed: Callable[[BoundSymbol], bool
     bsyms = list(trace.bound_symbols)
     if not bsyms or bsyms[-1].sym.id != prims.PrimIDs.RETURN or writes_in_place(bsyms):
         return trace
+    claimed = _asked_once(claimed)  # the executor's claim is not cheap; the walks ask often
+
     ret = bsyms[-1]
     if not isinstance(ret.args[0], dict) or "fw_flat_out" not in ret.args[0]:
         return trace
@@ -171,14 +173,14 @@ def recompute_in_backward(trace: TraceCtx, claimed: Callable[[BoundSymbol], bool
                 seen.add(id(c))
                 if not claimed(c):
                     return True
-                if all(n in VIEW for n in _leaf_names(c)):
+                if _only(c, VIEW):
                     todo.extend(o for o in c.flat_proxy_outs if isinstance(o, TensorProxy))
         return False
 
     def recomputable(b: BoundSymbol) -> bool:
         if id(b) not in verdict:
             verdict[id(b)] = (id(b) in forward and claimed(b) and len(b.flat_proxy_outs) == 1
-                              and all(n in _RECOMPUTABLE for n in _leaf_names(b)))
+                              and _only(b, _RECOMPUTABLE))
         return verdict[id(b)]
 
     held: set[str] = set()  # what the recomputations chosen so far save instead
@@ -249,9 +251,21 @@ def recompute_in_backward(trace: TraceCtx, claimed: Callable[[BoundSymbol], bool
             result.append(b)
             continue
         result.extend(clones_before.get(id(b), ()))
-        result.append(b.from_bsym_swap_proxies(swap, skip_output=True))
+        reads_a_clone = any(variableify(a) in swap for a in b.flat_proxy_args)
+        result.append(b.from_bsym_swap_proxies(swap, skip_output=True) if reads_a_clone else b)
     out.bound_symbols = result
     return out
+
+
+def _asked_once(claimed: Callable[[BoundSymbol], bool]) -> Callable[[BoundSymbol], bool]:
+    asked: dict[int, bool] = {}
+
+    def once(b: BoundSymbol) -> bool:
+        if id(b) not in asked:
+            asked[id(b)] = claimed(b)
+        return asked[id(b)]
+
+    return once
 
 
 def _defined(b: BoundSymbol) -> list[Proxy]:
