@@ -27,9 +27,9 @@ from benchmarks.contenders import wrap
 from benchmarks.model_zoo import batch, build
 
 
-def saved_bytes(name: str, layers: int, kind: str, tokens: int, device: str, dtype, tiny: bool = False) -> tuple[int, dict]:
-    """(bytes of the distinct storages one step saves, bytes by (shape, dtype)); ``tiny``:
-    the zoo's tiny config of the model (its CPU smoke test's)."""
+def saved_bytes(name: str, layers: int, kind: str, tokens: int, device: str, dtype, tiny: bool = False) -> int:
+    """Bytes of the distinct storages one step of ``kind`` saves, parameters' left out;
+    ``tiny``: the zoo's tiny config of the model (its CPU smoke test's)."""
     built = build(name, layers=layers, tiny=tiny, device=device, dtype=dtype)
     idx, targets = batch(built, 1, tokens, device=device)
     env = os.environ.get("THUNDER_FUSER_RECOMPUTE")
@@ -38,24 +38,17 @@ def saved_bytes(name: str, layers: int, kind: str, tokens: int, device: str, dty
     try:
         fn = wrap(kind.removesuffix(" no-recompute"), built.module)
         fn(idx, targets)  # a first step: tracing and compilation outside the count
-        seen: dict[int, int] = {}
-        by_shape: dict[tuple, int] = {}
+        seen = {p.untyped_storage().data_ptr(): 0 for p in built.module.parameters()}  # (views of) parameters count 0
 
         def pack(t):
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                key = t.untyped_storage().data_ptr()
-                if key not in seen and not isinstance(t, torch.nn.Parameter):
-                    seen[key] = t.untyped_storage().nbytes()
-                    k = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
-                    by_shape[k] = by_shape.get(k, 0) + seen[key]
+                seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
             return t
 
-        params = {p.untyped_storage().data_ptr() for p in built.module.parameters()}
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = fn(idx, targets)
         loss.backward()
-        total = sum(v for k, v in seen.items() if k not in params)
-        return total, by_shape
+        return sum(seen.values())
     finally:
         if env is None:
             os.environ.pop("THUNDER_FUSER_RECOMPUTE", None)
@@ -88,8 +81,8 @@ def main(argv=None) -> int:
     for name in a.models.split(","):
         for kind in a.contenders.split(","):
             try:
-                small, _ = saved_bytes(name, a.layers, kind, a.tokens, a.device, torch.bfloat16)
-                big, _ = saved_bytes(name, a.layers + 1, kind, a.tokens, a.device, torch.bfloat16)
+                small = saved_bytes(name, a.layers, kind, a.tokens, a.device, torch.bfloat16)
+                big = saved_bytes(name, a.layers + 1, kind, a.tokens, a.device, torch.bfloat16)
                 rows.append(dict(model=name, contender=kind, mib=round((big - small) / 2**20, 2), error=None))
             except Exception as e:  # noqa: BLE001 - a contender that fails is a row, not the end of the run
                 rows.append(dict(model=name, contender=kind, mib=None,

@@ -170,9 +170,9 @@ def test_zoo_models_hold_less_for_their_backward(model, monkeypatch):
     projection, a GELU's output before the down projection)."""
     from benchmarks.saved_bytes import saved_bytes
 
-    held = saved_bytes(model, 2, "thunder+fuser", 32, "cpu", torch.float32, tiny=True)[0]
+    held = saved_bytes(model, 2, "thunder+fuser", 32, "cpu", torch.float32, tiny=True)
     monkeypatch.setenv("THUNDER_FUSER_RECOMPUTE", "0")
-    before = saved_bytes(model, 2, "thunder+fuser", 32, "cpu", torch.float32, tiny=True)[0]
+    before = saved_bytes(model, 2, "thunder+fuser", 32, "cpu", torch.float32, tiny=True)
     assert held < before
 
 

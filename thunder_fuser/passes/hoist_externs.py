@@ -146,9 +146,10 @@ def join_across_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol
     it would hand the part left behind its results through memory, a region output more;
     and a run of pointwise and view ops only: joined to a run before, a norm's backward
     (its reductions) came apart in more kernels (thunder's rematerialization then passed the
-    norm's sum of squares, not its statistics, and its rows were reduced again).
-    A backward's weight-gradient matmul reads the product the run before makes again (``passes/recompute_in_backward.py``), and the SwiGLU backward after the matmul
-    reads the same fc1 and fc2: one region, one pass over them, not two. Only claimed ops
+    norm's sum of squares, not its statistics, and its rows were reduced again). A
+    backward's weight-gradient matmul reads the product the run before makes again
+    (``passes/recompute_in_backward.py``), and the SwiGLU backward after the matmul reads
+    the same fc1 and fc2: one region, one pass over them, not two. Only claimed ops
     that write nothing move (``_passable``), past ops that write nothing (``_movable``):
     the unclaimed ops keep their order, and what moves up makes its results a little
     earlier, reading only what was already made."""
