@@ -7,6 +7,9 @@ alone."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 import thunder_fuser  # noqa: F401  (torch compat stubs before thunder)
@@ -59,7 +62,8 @@ def wrap(kind: str, fn):
     backend and our executors), thunder+torchcompile, thunder+fuser (``... graphed``:
     replayed by ``thunder_fuser.graphed``; ``... no-region-graphs``: each region's launches
     made plainly, not replayed as a graph; ``... no-launch-runs``: region calls and the
-    matmuls between them not replayed as one graph, ``thunder_transforms/launch_runs.py``)."""
+    matmuls between them not replayed as one graph, ``thunder_transforms/launch_runs.py``;
+    ``... no-recompute``: with ``THUNDER_FUSER_RECOMPUTE=0``)."""
     if kind == "eager":
         return fn
     if kind == "torch.compile":
@@ -79,10 +83,34 @@ def wrap(kind: str, fn):
     if kind.endswith("no-region-graphs"):  # the regions' launches made plainly (``cudagraphs/region_graphs.py``)
         from thunder_fuser.cudagraphs.region_graphs import turned_off
 
-        def plain(*args, **kwargs):
-            with turned_off():
-                return jfn(*args, **kwargs)
-
-        plain.jitted = jfn
-        return plain
+        return _called_within(jfn, turned_off)
+    if kind.endswith("no-recompute"):  # nothing made again in the backward (``passes/recompute_in_backward.py``)
+        return _called_within(jfn, lambda: _setting("THUNDER_FUSER_RECOMPUTE", "0"))
     return thunder_fuser.graphed(jfn) if kind.endswith("graphed") else jfn
+
+
+def _called_within(jfn, context):
+    """``jfn``, each call inside ``context()``: a variant of thunder + fuser set at its compile
+    (the first call traces and fuses) and kept for every call after."""
+
+    def within(*args, **kwargs):
+        with context():
+            return jfn(*args, **kwargs)
+
+    within.jitted = jfn
+    return within
+
+
+@contextlib.contextmanager
+def _setting(name: str, value: str):
+    """A thunder_fuser setting (``thunder_fuser/config.py``) as ``value`` for the calls inside,
+    so two variants of one contender run in one process."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
