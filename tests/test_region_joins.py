@@ -208,6 +208,33 @@ def test_the_swiglu_backward_makes_its_product_again_in_its_own_region(monkeypat
     assert len(regions(jfn)) == len(regions(before))
 
 
+def _gelu_mlp(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+def test_the_gelu_backward_makes_its_output_again_beside_a_bias_gradient(monkeypatch):
+    """A GELU MLP with biases (GPT-NeoX's, GPT-2's): the down projection's weight gradient
+    reads the GELU's output made again; the run after that matmul, the GELU's backward,
+    also sums the output's gradient over the tokens (the down projection's bias gradient), a
+    reduction over values the run before neither reads nor makes, so the run joins it
+    (``_reduces_what_it_shares``): one region reads the pre-activation once and writes the
+    GELU's output and its gradient, as many regions as with the output saved."""
+    from helpers import check_gradients
+
+    def args():
+        return (torch.randn(16, 32), [torch.randn(96, 32) / 6, torch.randn(96) / 6, torch.randn(32, 96) / 10,
+                                      torch.randn(32) / 10])
+
+    regions = lambda j: [b for b in thunder.last_backward_traces(j)[-1].bound_symbols  # noqa: E731
+                         if b.sym.name.startswith("fuser") and b.sym.is_fusion]
+    jfn = check_gradients(_gelu_mlp, *args())
+    [region] = [r for r in regions(jfn) if len([o for o in r.flat_proxy_outs if o.shape == (16, 96)]) >= 2]
+    assert any(o.shape == (32,) for o in region.flat_proxy_outs)  # the bias gradient beside them
+    monkeypatch.setenv("THUNDER_FUSER_RECOMPUTE", "0")
+    before = check_gradients(_gelu_mlp, *args())
+    assert len(regions(jfn)) == len(regions(before))
+
+
 def test_a_run_that_reads_the_matmul_stays_after_it():
     """A run that reads the block's result cannot move above it; nor one with a reduction
     (a norm's backward: see ``join_across_externs``): gradients as eager's either way."""

@@ -144,9 +144,10 @@ def join_across_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol
     none of the block's results: the two runs join where ``hoist_externs`` cannot (the block
     reads the run before). Only a whole run moves (up to the next unclaimed op): a part of
     it would hand the part left behind its results through memory, a region output more;
-    and a run of pointwise and view ops only: joined to a run before, a norm's backward
-    (its reductions) came apart in more kernels (thunder's rematerialization then passed the
-    norm's sum of squares, not its statistics, and its rows were reduced again). A
+    and no run whose reductions read what the run before reads or makes
+    (``_reduces_what_it_shares``): joined to a run before, a norm's backward came apart in
+    more kernels (thunder's rematerialization then passed the norm's sum of squares, not
+    its statistics, and its rows were reduced again). A
     backward's weight-gradient matmul reads the product the run before makes again
     (``passes/recompute_in_backward.py``), and the SwiGLU backward after the matmul reads
     the same fc1 and fc2: one region, one pass over them, not two. Only claimed ops
@@ -168,7 +169,11 @@ def join_across_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol
             k += 1
         made = set().union(*(_names(b.flat_proxy_outs) for b in out[i:j]))
         whole = j < k and (k == len(out) or not claimed(out[k]))
-        if whole and not any(_names(b.flat_proxy_args) & made or _reduces_any(b) for b in out[j:k]):
+        a = i - 1
+        while a > 0 and claimed(out[a - 1]):
+            a -= 1
+        if (whole and not any(_names(b.flat_proxy_args) & made for b in out[j:k])
+                and not _reduces_what_it_shares(out[a:i], out[j:k])):
             out[i:k] = out[j:k] + out[i:j]
             i = k  # past the block, now after the run
         else:
@@ -179,6 +184,22 @@ def join_across_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol
 def _reduces_any(b: BoundSymbol) -> bool:
     names = prim_names(b)
     return names is None or bool(names & set(REDUCTION))
+
+
+def _reduces_what_it_shares(before: list[BoundSymbol], run: list[BoundSymbol]) -> bool:
+    """Whether a reduction of ``run`` reads (through ``run``'s own ops) what the run
+    ``before`` reads or makes: joined, thunder's rematerialization may then pass the two
+    regions' shared values in another form (a norm's backward got the sum of squares, not
+    its statistics, and reduced its rows again). A reduction over values of its own (a bias
+    gradient's sum over the tokens beside a GELU's backward) joins: the pointwise ops share
+    the pass over what both runs read."""
+    shared = set().union(*(_names(b.flat_proxy_args) | _names(b.flat_proxy_outs) for b in before))
+    for b in run:
+        if _names(b.flat_proxy_args) & shared:
+            if _reduces_any(b):
+                return True
+            shared |= _names(b.flat_proxy_outs)
+    return False
 
 
 def _reduces(b: BoundSymbol) -> bool:
