@@ -62,6 +62,8 @@ def _names(proxies) -> set[str]:
 # views that re-describe their operand (no copy, no allocation): moving one earlier keeps
 # nothing alive that was not already (``stride_order`` may copy, so it stays)
 _FREE_VIEWS = frozenset(VIEW) - {"stride_order"}
+# views after which a reshape may need a copy (``_views_inputs_for_others``)
+_REORDERING_VIEWS = frozenset({"transpose", "broadcast_in_dim"})
 
 
 def _free_view(b: BoundSymbol) -> bool:
@@ -173,7 +175,8 @@ def join_across_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol
         while a > 0 and claimed(out[a - 1]):
             a -= 1
         if (whole and not any(_names(b.flat_proxy_args) & made for b in out[j:k])
-                and not _reduces_what_it_shares(out[a:i], out[j:k])):
+                and not _reduces_what_it_shares(out[a:i], out[j:k])
+                and not _views_inputs_for_others(out[j:k], claimed)):
             out[i:k] = out[j:k] + out[i:j]
             i = k  # past the block, now after the run
         else:
@@ -184,6 +187,27 @@ def join_across_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol
 def _reduces_any(b: BoundSymbol) -> bool:
     names = prim_names(b)
     return names is None or bool(names & set(REDUCTION))
+
+
+def _views_inputs_for_others(run: list[BoundSymbol], claimed) -> bool:
+    """Whether ``run`` reshapes a transposed or broadcast view of a tensor it does not make
+    (a key's gradient from attention's backward, transposed and reshaped for its
+    projection's matmuls): where the run stands ``dissolve_runs`` leaves such views to
+    torch, which copies; joined to a region they would be its outputs, at strides that only
+    a copy makes, and the region would fall back to the reference backend."""
+    made: set[str] = set()
+    moved: set[str] = set()  # views of what the run does not make, transposed or broadcast
+    for b in run:
+        args, outs = _names(b.flat_proxy_args), _names(b.flat_proxy_outs)
+        if not _free_view(b) or args & made:
+            made |= outs
+            continue
+        names = prim_names(b) or set()
+        if args & moved and "reshape" in names:
+            return True
+        if args & moved or names & _REORDERING_VIEWS:
+            moved |= outs
+    return False
 
 
 def _reduces_what_it_shares(before: list[BoundSymbol], run: list[BoundSymbol]) -> bool:
