@@ -124,3 +124,24 @@ def test_every_elementwise_op_over_every_dtype_as_in_torch():
                 if why := _close(both, op, _signed(dtype), _signed(other)):
                     wrong[(name, dtype, other)] = why
     assert not wrong, wrong
+
+
+@pytest.mark.parametrize("exponent", [True, False, 2, 0, 1.5, -1.0])
+@pytest.mark.parametrize("method", [False, True])
+def test_a_bool_tensor_to_a_python_number_is_as_in_torch(exponent, method):
+    """``pow`` of a bool tensor: thunder made every exponent's result int64 (``x ** True``
+    came back ``[1, 0, 1]``); torch keeps bool for a bool exponent, int64 for an int, float
+    for a float."""
+    f = (lambda x: x.pow(exponent)) if method else (lambda x: torch.pow(x, exponent))
+    x = torch.tensor([True, False, True, False])
+    got, want = thunder.jit(f, executors=thunder_fuser.executors())(x), f(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+
+
+def test_a_bool_tensor_to_a_bool_tensor_is_refused_as_torch_refuses_it():
+    x = torch.tensor([True, False])
+    with pytest.raises(NotImplementedError):
+        torch.pow(x, x)
+    with pytest.raises(NotImplementedError, match="pow: a bool base with a bool tensor exponent"):
+        thunder.jit(lambda a: torch.pow(a, a), executors=thunder_fuser.executors())(x)

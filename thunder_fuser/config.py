@@ -82,7 +82,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "when thunder_fuser is imported", "list",
             ("all", "none", "weak_dtypes", "nll_loss_backward", "scalar_tensor_grads", "trace_cache", "thunderfx_graphs",
              "foreach_ops", "dynamo_fma", "dce_tags", "alias_keys", "sequence_lengths", "split_copies", "profiler_ranges",
-             "splitter_executors", "auto_registered_ops", "type_promotion", "jit_optimizer_step")),
+             "splitter_executors", "auto_registered_ops", "type_promotion", "memory_format", "jit_optimizer_step")),
     Setting("CUTE_DSL_ARCH", "",
             "CuTe DSL's own: the GPU architecture kernels compile for (e.g. `sm_90a`; default: the device's, else "
             "an H100's), which also lets a machine without a GPU compile them to PTX", "at each compile", "text"),

@@ -19,6 +19,7 @@ every thunder function in the process (ours or not), and says so in its module d
 | ``jit_optimizer_step`` | ``thunder.jit(optimizer.step)`` of torch's ``Adam``, ``AdamW`` or ``SGD`` failed tracing (a state dict keyed by parameter); in ``optimizers/jit_patch.py``, applied from the package's import |
 | ``type_promotion`` | dtypes traced otherwise than torch computes them, and so computed in every executor that runs thunder's prims: a bool tensor with a Python int as int8 (``(x > 0) * 200`` wrapped to -56), ``uint8`` with a 0-d signed tensor as int16, ``bf16 // 3`` as fp32, ``copysign`` in its first operand's dtype |
 | ``auto_registered_ops`` | ops thunder registers automatically (``torch.addmm``/``addmv``/``addbmm``, GPT-2's ``Conv1D``; ``Tensor.bool``/``half``/...) ran as opaque torch calls whose backward computed the forward again under torch's autograd; thunder's ``baddbmm`` let a NaN input through ``beta=0`` |
+| ``memory_format`` | ``x.to(dtype, memory_format=...)`` lost the format, and ``x.to(memory_format=torch.contiguous_format)`` of a channels-last ``x`` kept channels-last (strides otherwise than torch's in every executor that runs thunder's prims) |
 | ``splitter_executors`` | ThunderFX's splitter asked thunder's default executors, not the compiler's, which op thunder takes: on a GPU an attention with a batch-broadcast mask went to Inductor, and an op only the defaults pass failed in ``thunder.jit`` |
 
 ``THUNDER_FUSER_PATCHES`` names the patches to apply (default: all of them).
@@ -32,6 +33,7 @@ from thunder_fuser.patches.type_promotion import promote_as_torch
 from thunder_fuser.patches.dce_tags import linear_dce
 from thunder_fuser.patches.dynamo_fma import register_dynamo_fma
 from thunder_fuser.patches.foreach_ops import register_foreach_ops
+from thunder_fuser.patches.memory_format import lay_out_as_asked
 from thunder_fuser.patches.nll_loss_backward import reshape_to_the_logits
 from thunder_fuser.patches.profiler_ranges import trace_ranges_as_nothing
 from thunder_fuser.patches.scalar_tensor_grads import sum_scalar_tensor_grads
@@ -50,7 +52,7 @@ PATCHES = {"weak_dtypes": strengthen_dims_dtypes, "nll_loss_backward": reshape_t
            "alias_keys": quick_alias_keys, "sequence_lengths": key_by_sequence_lengths, "split_copies": share_split_tensors,
            "profiler_ranges": trace_ranges_as_nothing, "splitter_executors": ask_the_compilers_executors,
            "auto_registered_ops": define_auto_registered_ops,
-           "type_promotion": promote_as_torch}
+           "type_promotion": promote_as_torch, "memory_format": lay_out_as_asked}
 
 
 def chosen(name: str) -> bool:

@@ -16,6 +16,9 @@ traced prims (ours, nvFuser) returns the traced dtype, and the values computed i
 - ``copysign(a, b)`` returned ``a``'s dtype (``copysign(bf16, fp32)`` in bf16, and an
   integer ``a`` with a bf16 ``b`` in fp32). torch: the operands' promoted dtype, integers
   made float.
+- ``pow`` of a bool tensor by a Python bool: thunder's int64 (``BOOL_TO_LONG``); torch
+  keeps bool. A bool tensor by a bool tensor, which torch does not implement, is an error
+  here too, not an int64 result.
 - ``floor_divide`` of a bf16 or fp16 tensor (``x // 3``): thunder's float path ends in a
   ``copysign(0, ...)`` and a ``where`` that widen it to fp32. torch returns the operands'
   promoted dtype (computed in fp32, rounded once).
@@ -55,7 +58,27 @@ def promote_as_torch() -> bool:
         table[i][j] = now
     kind = utils.ELEMENTWISE_TYPE_PROMOTION_KIND
     return (_in_the_promoted_dtype(clang, utils, "_floor_divide_float", kind.DEFAULT)
-            and _in_the_promoted_dtype(clang, utils, "copysign", kind.INT_TO_FLOAT))
+            and _in_the_promoted_dtype(clang, utils, "copysign", kind.INT_TO_FLOAT)
+            and wrap_once(clang, "pow", lambda op: _bool_pow(clang, dtypes, utils, op)))
+
+
+def _bool_pow(clang, dtypes, utils, op):
+    """``clang.pow`` as torch's for bools. thunder promotes a bool base to int64 for every
+    exponent; torch keeps bool for a Python bool exponent (``x ** True`` is ``x``,
+    ``x ** False`` all true), and implements no pow of a bool tensor by a bool tensor."""
+    def is_bool_tensor(t) -> bool:
+        return getattr(t, "dtype", None) in (dtypes.bool8, dtypes.bool8_) and hasattr(t, "shape")
+
+    def pow(a, b):
+        if is_bool_tensor(a) and is_bool_tensor(b) or isinstance(a, bool) and is_bool_tensor(b):
+            utils.check(False, lambda: "pow: a bool base with a bool tensor exponent: torch implements no "
+                        "\"pow\" for Bool", exception_type=NotImplementedError)
+        if is_bool_tensor(a) and isinstance(b, bool):
+            return clang.maybe_convert_to_dtype(op(a, b), dtypes.bool8)
+        return op(a, b)
+
+    pow.__name__ = pow.__qualname__ = op.__name__
+    return clang.clangop(method_name="pow")(pow)
 
 
 def _in_the_promoted_dtype(clang, utils, name: str, kind) -> bool:
