@@ -4,6 +4,7 @@ write into a region's own temporary elided (transformers' causal mask). Each is 
 against eager, and for the region count the program's trace gives."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 import thunder
 import torch
 import torch.nn.functional as F
@@ -245,3 +246,52 @@ def test_a_run_that_reads_the_matmul_stays_after_it():
         return ((h @ w2) * h.sum(-1, keepdim=True)).sum(-1)
 
     check_gradients(fn, torch.randn(8, 16), [torch.randn(16, 16) / 4, torch.randn(16, 16) / 4])
+
+
+_ACTS = [torch.tanh, F.silu, F.gelu, lambda t: F.gelu(t, approximate="tanh"), torch.sigmoid, lambda t: t * 0.5]
+
+
+@settings(max_examples=25, deadline=None)
+@given(acts=st.lists(st.integers(0, len(_ACTS) - 1), max_size=3), bias=st.booleans(),
+       gated=st.booleans(), norm=st.booleans(), heads=st.booleans(), prenorm=st.booleans(), recompute=st.booleans())
+def test_random_blocks_between_matmuls_keep_eagers_gradients_on_kernels(acts, bias, gated, norm, heads, prenorm,
+                                                                        recompute):
+    """Random blocks of what a transformer puts between its matmuls (biases, gated or plain
+    activations, an RMS norm before or after, heads split for batched matmuls and merged back), with the backward
+    made again or not (``passes/recompute_in_backward.py``): whatever runs join across the
+    matmuls (``join_across_externs``), output and every gradient as eager's, inputs
+    unchanged, and no segment left to the reference backend (no region falls back to the reference backend
+    because a joined run handed out a view that needs a copy)."""
+    from helpers import check_gradients
+
+    def fn(x, w1, b1, w2, b2, w3):
+        if prenorm:  # made again in the backward for the projections' weight gradients
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        h = F.linear(x, w1, b1 if bias else None)
+        for i in acts:
+            h = _ACTS[i](h)
+        if gated:
+            h = h * F.linear(x, w2)
+        if norm:
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        if heads:  # [tokens, 4 heads x 24] as [heads, tokens, 24] into batched matmuls (attention's shape),
+            # and back: the backward hands the matmuls' gradient out as a reshape of a transpose
+            t = h.reshape(h.shape[0], 4, 24).transpose(0, 1)
+            t = torch.softmax(t @ t.transpose(-1, -2) * 0.2, -1) @ t
+            h = t.transpose(0, 1).reshape(h.shape[0], 96)
+        return F.linear(h, w3, b2 if bias else None)
+
+    gen = torch.Generator().manual_seed(sum(acts) * 31 + len(acts) * 7 + bias + 2 * gated + 4 * norm + 8 * heads + 16 * prenorm)
+    draw = lambda *s, scale=1.0: torch.randn(*s, generator=gen) * scale  # noqa: E731
+    x = draw(16, 32)
+    params = [draw(96, 32, scale=1 / 6), draw(96, scale=0.1), draw(96, 32, scale=1 / 6), draw(32, scale=0.1),
+              draw(32, 96, scale=0.1)]
+    before = [t.clone() for t in (x, *params)]
+    with pytest.MonkeyPatch().context() as m:
+        m.setenv("THUNDER_FUSER_RECOMPUTE", "1" if recompute else "0")
+        jfn = check_gradients(fn, x, params)
+    fallbacks = [(p.decision.region.name, r) for trace in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1])
+                 for p in plans(trace) for r in p.decision.fallbacks.values()]
+    assert fallbacks == []
+    for t, b in zip((x, *params), before):
+        assert torch.equal(t.detach(), b)
