@@ -149,8 +149,9 @@ def join_across_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol
     and no run whose reductions read what the run before reads or makes
     (``_reduces_what_it_shares``): joined to a run before, a norm's backward came apart in
     more kernels (thunder's rematerialization then passed the norm's sum of squares, not
-    its statistics, and its rows were reduced again). A
-    backward's weight-gradient matmul reads the product the run before makes again
+    its statistics, and its rows were reduced again); nor one that reshapes a transposed
+    view of a tensor it does not make (``_views_inputs_for_others``). A backward's
+    weight-gradient matmul reads the product the run before makes again
     (``passes/recompute_in_backward.py``), and the SwiGLU backward after the matmul reads
     the same fc1 and fc2: one region, one pass over them, not two. Only claimed ops
     that write nothing move (``_passable``), past ops that write nothing (``_movable``):
@@ -176,7 +177,7 @@ def join_across_externs(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol
             a -= 1
         if (whole and not any(_names(b.flat_proxy_args) & made for b in out[j:k])
                 and not _reduces_what_it_shares(out[a:i], out[j:k])
-                and not _views_inputs_for_others(out[j:k], claimed)):
+                and not _views_inputs_for_others(out[j:k])):
             out[i:k] = out[j:k] + out[i:j]
             i = k  # past the block, now after the run
         else:
@@ -189,7 +190,7 @@ def _reduces_any(b: BoundSymbol) -> bool:
     return names is None or bool(names & set(REDUCTION))
 
 
-def _views_inputs_for_others(run: list[BoundSymbol], claimed) -> bool:
+def _views_inputs_for_others(run: list[BoundSymbol]) -> bool:
     """Whether ``run`` reshapes a transposed or broadcast view of a tensor it does not make
     (a key's gradient from attention's backward, transposed and reshaped for its
     projection's matmuls): where the run stands ``dissolve_runs`` leaves such views to
