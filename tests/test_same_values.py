@@ -67,3 +67,43 @@ def test_a_returned_duplicate_keeps_its_value():
     same_values(region)
     assert [n.op for n in region.nodes] == ["convert_element_type", "mul"]
     assert region.nodes[0].output is b and region.nodes[1].args == (b, b) and region.outputs == [s, b]
+
+
+def _two_of(op: str, first, second) -> Region:
+    """``op(x, first) + op(x, second)`` over fp32 ``x``."""
+    x = Value("x", (4, 8), torch.float32)
+    a, b, s = (Value(n, (4, 8), torch.float32) for n in "abs")
+    nodes = [Node(op, (x, first), {}, (a,)), Node(op, (x, second), {}, (b,)), Node("add", (a, b), {}, (s,))]
+    return Region("two", [x], nodes, [s])
+
+
+def test_a_pointwise_value_made_twice_is_made_once():
+    """A value made again in the backward joins the backward of the op that made it (a GELU's
+    output beside its gradient): ``erf`` of the same input was computed twice in one
+    kernel. The second is the first, with the same results."""
+    x = Value("x", (4, 8), torch.float32)
+    s1, s2, e1, e2, out = (Value(n, (4, 8), torch.float32) for n in ("s1", "s2", "e1", "e2", "out"))
+    region = Region("gelu", [x], [Node("mul", (x, 0.7071067811865476), {}, (s1,)), Node("erf", (s1,), {}, (e1,)),
+                                  Node("mul", (x, 0.7071067811865476), {}, (s2,)), Node("erf", (s2,), {}, (e2,)),
+                                  Node("mul", (e1, e2), {}, (out,))], [out])
+    t = torch.randn(4, 8)
+    env = {id(x): t}
+    run_nodes(region.nodes, env)
+    want = env[id(out)]
+    same_values(region)
+    assert [n.op for n in region.nodes] == ["mul", "erf", "mul"]
+    env = {id(x): t}
+    run_nodes(region.nodes, env)
+    torch.testing.assert_close(env[id(region.outputs[0])], want, rtol=0, atol=0)
+
+
+def test_numbers_that_python_calls_equal_keep_two_nodes():
+    """``-0.0 == 0.0`` and ``1 == 1.0 == True`` in Python, but ``x * -0.0`` is no ``x * 0.0``
+    (the sign of a zero; ``1 / (x * -0.0)`` is ``-inf``): such nodes stay two."""
+    for first, second in ((0.0, -0.0), (1, 1.0), (True, 1), (2.0, 2.0000000000000004)):
+        region = _two_of("mul", first, second)
+        same_values(region)
+        assert [n.op for n in region.nodes].count("mul") == 2, (first, second)
+    region = _two_of("mul", 0.5, 0.5)
+    same_values(region)
+    assert [n.op for n in region.nodes].count("mul") == 1

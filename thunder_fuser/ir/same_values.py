@@ -17,11 +17,17 @@ norm's per-row statistics broadcast over its kept dims, which the column kernel 
 (GPT-2's position gradient: a segment on the reference backend). A conversion is a pure
 function of its operand's value, so in a region that writes nothing in place the second is
 the first too (where a region writes, the same operand may hold another value later).
+
+So is every pointwise op: a value made again in the backward (``passes/recompute_in_backward.py``)
+gets names of its own, and where it joins the backward of the op that made it (a GELU's
+output made again beside the GELU's gradient, ``hoist_externs.join_across_externs``) the
+region computed ``erf`` of the same scaled input twice. Numbers key by type and bits (``-0.0``
+is no ``0.0``, ``1.0`` no ``1``), and a node by its output's dtype and shape too.
 """
 
 from __future__ import annotations
 
-from thunder_fuser.ir.ops import CAST, METADATA
+from thunder_fuser.ir.ops import METADATA, POINTWISE
 from thunder_fuser.ir.region import Node, Region, Value, map_values
 
 
@@ -31,10 +37,16 @@ def _key(node: Node):
             return ("v", id(x))
         if isinstance(x, (tuple, list)):
             return tuple(k(e) for e in x)
+        if isinstance(x, float):  # -0.0 == 0.0 and 1.0 == 1 == True in Python, not in a kernel
+            return ("float", x.hex())
+        if isinstance(x, (bool, int)):
+            return (type(x).__name__, x)
         return x
 
+    out = node.outputs[0] if node.outputs else None
     try:
-        key = (node.op, k(node.args), tuple(sorted((n, k(v)) for n, v in node.kwargs.items())))
+        key = (node.op, k(node.args), tuple(sorted((n, k(v)) for n, v in node.kwargs.items())),
+               (getattr(out, "dtype", None), getattr(out, "shape", None)))
         hash(key)
     except TypeError:  # an argument that is not hashable: the node stays
         return None
@@ -42,12 +54,13 @@ def _key(node: Node):
 
 
 def same_values(region: Region) -> None:
-    """Rewrite ``region`` in place: each later duplicate of a view node, or of a conversion
-    where the region writes nothing in place, is dropped, its readers reading the first. A
+    """Rewrite ``region`` in place: each later duplicate of a view node, or of a pointwise
+    node (a conversion included) where the region writes nothing in place, is dropped, its
+    readers reading the first. A
     region output keeps its value (its name keys what the trace knows of it: the matmuls
     that read it, whether it may be copied): where the duplicate is the output, the first
-    node makes that value instead. Two conversions that are both outputs stay two tensors."""
-    ops = METADATA if region.writes() else METADATA + CAST
+    node makes that value instead. Two pointwise nodes that are both outputs stay two tensors."""
+    ops = METADATA if region.writes() else METADATA + POINTWISE
     outputs = {id(v) for v in region.outputs}
     first: dict = {}  # key -> the node kept for it
     subst: dict[int, Value] = {}
@@ -72,7 +85,7 @@ def same_values(region: Region) -> None:
             continue
         mine, theirs = node.output, kept_node.output
         if id(mine) in outputs and id(theirs) in outputs:
-            if node.op in CAST:  # two tensors the caller holds apart
+            if node.op not in METADATA:  # two tensors the caller holds apart
                 kept.append(node)
                 continue
             subst[id(mine)] = theirs
