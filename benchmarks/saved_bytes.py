@@ -9,7 +9,7 @@ the depth compares contenders' peaks without a GPU.
     python -m benchmarks.saved_bytes Llama-3.2-1B,pythia-1b [--tokens 512] [--contenders eager,thunder+fuser]
 
 ``thunder+fuser no-recompute`` is thunder + fuser with ``THUNDER_FUSER_RECOMPUTE=0``
-(``passes/recompute_in_backward.py``). ``--out`` writes the rows as JSON, for the results
+(``passes/recompute_in_backward.py``; ``benchmarks/contenders.py`` sets it). ``--out`` writes the rows as JSON, for the results
 page (``benchmarks/results/saved-bytes.json``).
 """
 
@@ -32,28 +32,19 @@ def saved_bytes(name: str, layers: int, kind: str, tokens: int, device: str, dty
     ``tiny``: the zoo's tiny config of the model (its CPU smoke test's)."""
     built = build(name, layers=layers, tiny=tiny, device=device, dtype=dtype)
     idx, targets = batch(built, 1, tokens, device=device)
-    env = os.environ.get("THUNDER_FUSER_RECOMPUTE")
-    if kind.endswith(" no-recompute"):
-        os.environ["THUNDER_FUSER_RECOMPUTE"] = "0"
-    try:
-        fn = wrap(kind.removesuffix(" no-recompute"), built.module)
-        fn(idx, targets)  # a first step: tracing and compilation outside the count
-        seen = {p.untyped_storage().data_ptr(): 0 for p in built.module.parameters()}  # (views of) parameters count 0
+    fn = wrap(kind, built.module)  # ``thunder+fuser no-recompute`` sets its setting around each call
+    fn(idx, targets)  # a first step: tracing and compilation outside the count
+    seen = {p.untyped_storage().data_ptr(): 0 for p in built.module.parameters()}  # (views of) parameters count 0
 
-        def pack(t):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-            return t
+    def pack(t):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = fn(idx, targets)
-        loss.backward()
-        return sum(seen.values())
-    finally:
-        if env is None:
-            os.environ.pop("THUNDER_FUSER_RECOMPUTE", None)
-        else:
-            os.environ["THUNDER_FUSER_RECOMPUTE"] = env
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fn(idx, targets)
+    loss.backward()
+    return sum(seen.values())
 
 
 def table(doc: dict) -> str:

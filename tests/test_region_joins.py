@@ -185,6 +185,11 @@ def test_their_kernels_compile_for_the_gpu(fn, args):
     compile_planned_kernels_to_ptx(fn, args)
 
 
+def _backward_regions(jfn) -> list:
+    return [b for b in thunder.last_backward_traces(jfn)[-1].bound_symbols
+            if b.sym.name.startswith("fuser") and b.sym.is_fusion]
+
+
 def _swiglu_mlp(x, w1, w2, w3):
     return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w2), w3)
 
@@ -199,14 +204,12 @@ def test_the_swiglu_backward_makes_its_product_again_in_its_own_region(monkeypat
 
     args = (torch.randn(16, 32), [torch.randn(96, 32) / 6, torch.randn(96, 32) / 6, torch.randn(32, 96) / 10])
     jfn = check_gradients(_swiglu_mlp, *args)
-    regions = lambda j: [b for b in thunder.last_backward_traces(j)[-1].bound_symbols  # noqa: E731
-                         if b.sym.name.startswith("fuser") and b.sym.is_fusion]
-    [region] = [r for r in regions(jfn) if any(o.shape == (16, 96) for o in r.flat_proxy_outs)
+    [region] = [r for r in _backward_regions(jfn) if any(o.shape == (16, 96) for o in r.flat_proxy_outs)
                 and len([o for o in r.flat_proxy_outs if o.shape in ((16, 96), (96, 16))]) >= 3]
     monkeypatch.setenv("THUNDER_FUSER_RECOMPUTE", "0")
     before = check_gradients(_swiglu_mlp, torch.randn(16, 32), [torch.randn(96, 32) / 6, torch.randn(96, 32) / 6,
                                                                 torch.randn(32, 96) / 10])
-    assert len(regions(jfn)) == len(regions(before))
+    assert len(_backward_regions(jfn)) == len(_backward_regions(before))
 
 
 def _gelu_mlp(x, w1, b1, w2, b2):
@@ -226,14 +229,12 @@ def test_the_gelu_backward_makes_its_output_again_beside_a_bias_gradient(monkeyp
         return (torch.randn(16, 32), [torch.randn(96, 32) / 6, torch.randn(96) / 6, torch.randn(32, 96) / 10,
                                       torch.randn(32) / 10])
 
-    regions = lambda j: [b for b in thunder.last_backward_traces(j)[-1].bound_symbols  # noqa: E731
-                         if b.sym.name.startswith("fuser") and b.sym.is_fusion]
     jfn = check_gradients(_gelu_mlp, *args())
-    [region] = [r for r in regions(jfn) if len([o for o in r.flat_proxy_outs if o.shape == (16, 96)]) >= 2]
+    [region] = [r for r in _backward_regions(jfn) if len([o for o in r.flat_proxy_outs if o.shape == (16, 96)]) >= 2]
     assert any(o.shape == (32,) for o in region.flat_proxy_outs)  # the bias gradient beside them
     monkeypatch.setenv("THUNDER_FUSER_RECOMPUTE", "0")
     before = check_gradients(_gelu_mlp, *args())
-    assert len(regions(jfn)) == len(regions(before))
+    assert len(_backward_regions(jfn)) == len(_backward_regions(before))
 
 
 def test_a_run_that_reads_the_matmul_stays_after_it():

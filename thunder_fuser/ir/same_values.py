@@ -56,10 +56,10 @@ def _key(node: Node):
 def same_values(region: Region) -> None:
     """Rewrite ``region`` in place: each later duplicate of a view node, or of a pointwise
     node (a conversion included) where the region writes nothing in place, is dropped, its
-    readers reading the first. A
-    region output keeps its value (its name keys what the trace knows of it: the matmuls
-    that read it, whether it may be copied): where the duplicate is the output, the first
-    node makes that value instead. Two pointwise nodes that are both outputs stay two tensors."""
+    readers reading the first. A region output keeps its value (its name keys what the
+    trace knows of it: the matmuls that read it, whether it may be copied): where the
+    duplicate is the output, the first node makes that value instead. Two pointwise nodes
+    that are both outputs stay two tensors."""
     ops = METADATA if region.writes() else METADATA + POINTWISE
     outputs = {id(v) for v in region.outputs}
     first: dict = {}  # key -> the node kept for it

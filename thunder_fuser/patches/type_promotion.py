@@ -70,7 +70,7 @@ def _bool_pow(clang, dtypes, utils, op):
         return getattr(t, "dtype", None) in (dtypes.bool8, dtypes.bool8_) and hasattr(t, "shape")
 
     def pow(a, b):
-        if is_bool_tensor(a) and is_bool_tensor(b) or isinstance(a, bool) and is_bool_tensor(b):
+        if is_bool_tensor(b) and (is_bool_tensor(a) or isinstance(a, bool)):
             utils.check(False, lambda: "pow: a bool base with a bool tensor exponent: torch implements no "
                         "\"pow\" for Bool", exception_type=NotImplementedError)
         if is_bool_tensor(a) and isinstance(b, bool):
