@@ -1,6 +1,10 @@
-"""``ir/same_values.py``: a region's second view or conversion of a value is its first."""
+"""``ir/same_values.py``: a region's second view, or pointwise value, of the same values is its first."""
 
+import pytest
+import thunder
 import torch
+
+import thunder_fuser
 
 from thunder_fuser.backends.reference import run_nodes
 from thunder_fuser.ir.region import Node, Region, Value
@@ -107,3 +111,53 @@ def test_numbers_that_python_calls_equal_keep_two_nodes():
     region = _two_of("mul", 0.5, 0.5)
     same_values(region)
     assert [n.op for n in region.nodes].count("mul") == 1
+
+
+def _twice_over(x, y):
+    """The same pointwise values made twice (as a value made again beside its backward is),
+    and numbers Python calls equal that a kernel does not: ``1 / (x * 0.0)`` is ``inf`` where
+    ``1 / (x * -0.0)`` is ``-inf``."""
+    a = torch.exp(x * 0.5) + torch.erf(y)
+    b = torch.exp(x * 0.5) * torch.erf(y)
+    return a - b, 1 / (x * 0.0) + 1 / (x * -0.0) * 2, (y * 2) + (y * 2.0)
+
+
+_CASES = {
+    "NaN and inf": lambda: (torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0]),) * 2,
+    "0-d": lambda: (torch.tensor(0.3), torch.tensor(-2.0)),
+    "aliased": lambda: (lambda t: (t, t))(torch.randn(5, 7, generator=torch.Generator().manual_seed(1))),
+    "transposed": lambda: (torch.randn(7, 5, generator=torch.Generator().manual_seed(2)).t(),
+                           torch.randn(5, 7, generator=torch.Generator().manual_seed(3))),
+    "huge": lambda: (torch.randn(1 << 22, generator=torch.Generator().manual_seed(4)),
+                     torch.randn(1 << 22, generator=torch.Generator().manual_seed(5))),
+}
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_values_made_once_are_eagers_through_thunder(case):
+    """Through ``thunder.jit`` with our executors: each output as eager's (NaN where eager's
+    is, the sign of an infinity kept), its strides as eager's, and the inputs unchanged."""
+    x, y = _CASES[case]()
+    before = (x.clone(), y.clone())
+    got = thunder.jit(_twice_over, executors=thunder_fuser.executors())(x, y)
+    want = _twice_over(x, y)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True)
+        assert g.stride() == w.stride()
+    for t, b in zip((x, y), before):
+        torch.testing.assert_close(t, b, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_region_that_writes_in_place_computes_its_values_again():
+    """A write between two reads of one tensor: the second ``exp`` reads the written value,
+    so it is no duplicate (as eager)."""
+    def f(x):
+        a = torch.exp(x)
+        x.mul_(2)
+        return a + torch.exp(x)
+
+    x = torch.randn(6, generator=torch.Generator().manual_seed(6))
+    xr = x.clone()
+    got = thunder.jit(f, executors=thunder_fuser.executors())(x)
+    torch.testing.assert_close(got, f(xr))
+    torch.testing.assert_close(x, xr)
