@@ -161,3 +161,100 @@ def test_a_region_that_writes_in_place_computes_its_values_again():
     got = thunder.jit(f, executors=thunder_fuser.executors())(x)
     torch.testing.assert_close(got, f(xr))
     torch.testing.assert_close(x, xr)
+
+
+def _round_trip(through: torch.dtype, dtype=torch.bfloat16, returned: bool = False, copyable: bool = False) -> Region:
+    """``x`` (``dtype``) converted to ``through`` and back, then doubled; with ``returned``,
+    the round trip's reshape returned as well (``copyable``: one whose aliasing nothing
+    observes)."""
+    x = Value("x", (4, 8), dtype)
+    w, y, r, s = Value("w", (4, 8), through), Value("y", (4, 8), dtype), Value("r", (32,), dtype), Value("s", (4, 8), dtype)
+    nodes = [Node("convert_element_type", (x, through), {}, (w,)), Node("convert_element_type", (w, dtype), {}, (y,)),
+             Node("reshape", (y, (32,)), {}, (r,)), Node("mul", (y, 2.0), {}, (s,))]
+    region = Region("trip", [x], nodes, [s, r] if returned else [s])
+    region.copyable_outputs = frozenset({"r"} if copyable else ())
+    return region
+
+
+def _values(region: Region, x: torch.Tensor) -> list:
+    env = {id(region.inputs[0]): x}
+    run_nodes(region.nodes, env)
+    return [env[id(o)] for o in region.outputs]
+
+
+def test_a_conversion_back_through_a_wider_dtype_is_its_operand():
+    """bf16 -> fp32 -> bf16 gives back every value (pythia's attention output gradient went
+    through it before the output projection's matmuls, a copy kernel a layer): the readers
+    read ``x`` itself and both conversions go, with the same results bit for bit."""
+    x = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40, 3.0, -7.5, 65504.0, 1e38] * 4, dtype=torch.bfloat16).reshape(4, 8)
+    for through, dtype in ((torch.float32, torch.bfloat16), (torch.float64, torch.float16), (torch.float64, torch.float32)):
+        region = _round_trip(through, dtype)
+        want = _values(region, x.to(dtype))
+        same_values(region)
+        assert [n.op for n in region.nodes] == ["mul"] and region.nodes[0].args[0] is region.inputs[0]
+        torch.testing.assert_close(_values(region, x.to(dtype)), want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_conversion_through_a_narrower_dtype_rounds_and_stays():
+    """fp32 -> bf16 -> fp32 rounds, fp16 -> bf16 -> fp16 too (neither holds the other): both
+    conversions stay."""
+    for through, dtype in ((torch.bfloat16, torch.float32), (torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16)):
+        region = _round_trip(through, dtype)
+        same_values(region)
+        assert [n.op for n in region.nodes].count("convert_element_type") == 2, (through, dtype)
+
+
+def test_a_round_trip_the_caller_may_see_alias_its_operand_stays():
+    """A returned view of the round trip would alias ``x`` where eager's is a tensor of its
+    own: taken only where nothing observes that output's aliasing."""
+    region = _round_trip(torch.float32, returned=True)
+    same_values(region)
+    assert [n.op for n in region.nodes].count("convert_element_type") == 2
+    region = _round_trip(torch.float32, returned=True, copyable=True)
+    same_values(region)
+    assert [n.op for n in region.nodes] == ["reshape", "mul"] and region.nodes[0].args[0] is region.inputs[0]
+
+
+def _trip_between_matmuls(x, w1, w2):
+    h = (x @ w1).float().to(torch.bfloat16)  # its gradient: fp32 and back, between matmuls
+    return (h @ w2).float().sum(), x.float().to(torch.bfloat16), w1.double().float() * 3
+
+
+def test_round_trips_through_thunder_keep_eagers_values_and_fresh_outputs():
+    """Through ``thunder.jit``: the round trip between two matmuls (and its gradient, in the
+    backward) gives eager's loss and gradients; a returned round trip is a tensor of its own
+    (writing it leaves the input alone), and no input changes."""
+    g = torch.Generator().manual_seed(7)
+    x, w1, w2 = (torch.randn(s, generator=g).to(torch.bfloat16) for s in ((16, 32), (32, 24), (24, 8)))
+    ours = [t.clone().requires_grad_() for t in (x, w1, w2)]
+    theirs = [t.clone().requires_grad_() for t in (x, w1, w2)]
+    jf = thunder.jit(_trip_between_matmuls, executors=thunder_fuser.executors())
+    (loss, out, out2), (loss_e, out_e, out2_e) = jf(*ours), _trip_between_matmuls(*theirs)
+    loss.backward()
+    loss_e.backward()
+    torch.testing.assert_close(loss, loss_e)
+    torch.testing.assert_close(out, out_e, rtol=0, atol=0)
+    torch.testing.assert_close(out2, out2_e, rtol=0, atol=0)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad)
+    for a, t in zip(ours, (x, w1, w2)):
+        torch.testing.assert_close(a.detach(), t, rtol=0, atol=0)
+    before = [a.detach().clone() for a in ours]
+    with torch.no_grad():
+        out.add_(1)
+    for a, b in zip(ours, before):
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=0)
+
+
+def test_a_conversion_of_an_exact_widening_converts_its_operand():
+    """fp32 -> fp64 -> bf16 rounds the fp32 values themselves: one conversion of ``x``, with
+    the same results bit for bit (the fp64 one goes where nothing else reads it)."""
+    x = Value("x", (4, 8), torch.float32)
+    w, y = Value("w", (4, 8), torch.float64), Value("y", (4, 8), torch.bfloat16)
+    region = Region("wide", [x], [Node("convert_element_type", (x, torch.float64), {}, (w,)),
+                                  Node("convert_element_type", (w, torch.bfloat16), {}, (y,))], [y])
+    t = torch.randn(4, 8) * 1e3
+    want = _values(region, t)
+    same_values(region)
+    assert [(n.op, n.args) for n in region.nodes] == [("convert_element_type", (x, torch.bfloat16))]
+    torch.testing.assert_close(_values(region, t), want, rtol=0, atol=0)

@@ -23,9 +23,20 @@ gets names of its own, and where it joins the backward of the op that made it (a
 output made again beside the GELU's gradient, ``hoist_externs.join_across_externs``) the
 region computed ``erf`` of the same scaled input twice. Numbers key by type and bits (``-0.0``
 is no ``0.0``, ``1.0`` no ``1``), and a node by its output's dtype and shape too.
+
+A conversion of a conversion that holds every value of its operand exactly (bf16 to fp32,
+fp32 to fp64) converts that operand's values: it reads the operand itself. Converted back to
+the operand's dtype (autograd's gradient of ``x.float()`` beside that of a later
+``.to(bf16)``), it is the operand: pythia's attention output gradient went bf16 -> fp32 ->
+bf16 before the output projection's matmuls, a copy kernel of its own a layer. Its readers
+read the operand then, which makes the round trip's views views of the operand, so that is
+taken only where every region output among them is one whose aliasing nothing observes
+(``Region.copyable_outputs``).
 """
 
 from __future__ import annotations
+
+import torch
 
 from thunder_fuser.ir.ops import METADATA, POINTWISE
 from thunder_fuser.ir.region import Node, Region, Value, map_values
@@ -53,6 +64,51 @@ def _key(node: Node):
     return key
 
 
+# (from, through): converting ``from`` to ``through`` and back gives every value back
+_EXACT_WIDENINGS = frozenset((
+    (torch.bfloat16, torch.float32), (torch.bfloat16, torch.float64),
+    (torch.float16, torch.float32), (torch.float16, torch.float64), (torch.float32, torch.float64),
+))
+
+
+def _exactly_converted(node: Node, producers: dict) -> Value | None:
+    """``x`` where ``node`` converts a conversion of ``x`` that holds every value of ``x``."""
+    if node.op != "convert_element_type" or not isinstance(node.args[0], Value):
+        return None
+    inner = producers.get(id(node.args[0]))
+    if inner is None or inner.op != "convert_element_type" or not isinstance(inner.args[0], Value):
+        return None
+    x = inner.args[0]
+    return x if (x.dtype, inner.output.dtype) in _EXACT_WIDENINGS else None
+
+
+def _aliasing_unobserved(region: Region, value: Value, consumers: dict, outputs: set) -> bool:
+    """Are ``value`` and every view made of it that the region returns outputs whose
+    aliasing nothing observes?"""
+    todo, seen = [value], set()
+    while todo:
+        v = todo.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if id(v) in outputs and v.name not in region.copyable_outputs:
+            return False
+        todo.extend(o for n in consumers.get(id(v), ()) if n.op in METADATA for o in n.outputs)
+    return True
+
+
+def _drop_unread(region: Region) -> None:
+    """Drop the nodes (none writes: the caller's rule) whose values nothing reads."""
+    outputs = {id(v) for v in region.outputs}
+    kept: list[Node] = []
+    read = set(outputs)
+    for node in reversed(region.nodes):
+        if any(id(o) in read for o in node.outputs):
+            kept.append(node)
+            read.update(id(v) for v in node.inputs())
+    region.nodes = kept[::-1]
+
+
 def same_values(region: Region) -> None:
     """Rewrite ``region`` in place: each later duplicate of a view node, or of a pointwise
     node (a conversion included) where the region writes nothing in place, is dropped, its
@@ -60,8 +116,10 @@ def same_values(region: Region) -> None:
     trace knows of it: the matmuls that read it, whether it may be copied): where the
     duplicate is the output, the first node makes that value instead. Two pointwise nodes
     that are both outputs stay two tensors."""
-    ops = METADATA if region.writes() else METADATA + POINTWISE
+    writes = bool(region.writes())
+    ops = METADATA if writes else METADATA + POINTWISE
     outputs = {id(v) for v in region.outputs}
+    producers, consumers = region.producers(), region.consumers()
     first: dict = {}  # key -> the node kept for it
     subst: dict[int, Value] = {}
 
@@ -71,11 +129,19 @@ def same_values(region: Region) -> None:
         return v
 
     kept: list[Node] = []
+    rewired = False  # a conversion reads the operand of the conversion it read
     renamed = False  # a kept node now makes an output's value: its earlier readers read the old one
     for node in region.nodes:
         if subst:
             node.args = map_values(node.args, swap)
             node.kwargs = {n: map_values(v, swap) for n, v in node.kwargs.items()}
+        source = None if writes else _exactly_converted(node, producers)
+        if source is not None and source.dtype != node.output.dtype:
+            node.args = (source,) + tuple(node.args[1:])  # the same values, one conversion
+            rewired = True
+        elif source is not None and _aliasing_unobserved(region, node.output, consumers, outputs):
+            subst[id(node.output)] = source  # converted there and back
+            continue
         key = _key(node) if node.op in ops and len(node.outputs) == 1 else None
         kept_node = first.get(key) if key is not None else None
         if kept_node is None:
@@ -102,3 +168,5 @@ def same_values(region: Region) -> None:
     if subst:
         region.nodes = kept
         region.outputs = [swap(v) for v in region.outputs]
+    if (subst or rewired) and not writes:
+        _drop_unread(region)
