@@ -115,7 +115,9 @@ def same_values(region: Region) -> None:
     readers reading the first. A region output keeps its value (its name keys what the
     trace knows of it: the matmuls that read it, whether it may be copied): where the
     duplicate is the output, the first node makes that value instead. Two pointwise nodes
-    that are both outputs stay two tensors."""
+    that are both outputs stay two tensors. Where it writes nothing, a conversion of an
+    exact widening converts the widening's operand, and one back to the operand's dtype is
+    the operand (``_aliasing_unobserved`` permitting); nodes nothing reads then go."""
     writes = bool(region.writes())
     ops = METADATA if writes else METADATA + POINTWISE
     outputs = {id(v) for v in region.outputs}
