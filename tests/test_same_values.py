@@ -258,3 +258,25 @@ def test_a_conversion_of_an_exact_widening_converts_its_operand():
     same_values(region)
     assert [(n.op, n.args) for n in region.nodes] == [("convert_element_type", (x, torch.bfloat16))]
     torch.testing.assert_close(_values(region, t), want, rtol=0, atol=0)
+
+
+def _trips(x, y):
+    """Round trips of fp32 through fp64, read inside and returned."""
+    return x.double().float() * y, y.double().float(), (x.double().to(torch.bfloat16) + 1).float()
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_round_trips_are_eagers_on_odd_inputs(case):
+    """The round trips through ``thunder.jit`` on NaN/inf/-0, 0-d, aliased, transposed and
+    huge inputs: eager's values bit for bit, eager's strides, a returned trip no alias of its
+    input, inputs unchanged."""
+    x, y = _CASES[case]()
+    before = (x.clone(), y.clone())
+    got = thunder.jit(_trips, executors=thunder_fuser.executors())(x, y)
+    want = _trips(x, y)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+        assert g.stride() == w.stride()
+    assert got[1].data_ptr() != y.data_ptr()
+    for t, b in zip((x, y), before):
+        torch.testing.assert_close(t, b, rtol=0, atol=0, equal_nan=True)

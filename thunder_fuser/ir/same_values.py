@@ -121,7 +121,7 @@ def same_values(region: Region) -> None:
     writes = bool(region.writes())
     ops = METADATA if writes else METADATA + POINTWISE
     outputs = {id(v) for v in region.outputs}
-    producers, consumers = region.producers(), region.consumers()
+    producers, consumers = ({}, {}) if writes else (region.producers(), region.consumers())
     first: dict = {}  # key -> the node kept for it
     subst: dict[int, Value] = {}
 
