@@ -145,9 +145,11 @@ def storable(value, element_type):
 
 
 @cute.jit
-def put_if(frag: cute.Tensor, value, pred: cutlass.Boolean):
+def put_computed_if(frag: cute.Tensor, compute, pred: cutlass.Boolean):
+    """``frag`` set to ``compute()``, computed only where ``pred`` holds: a branch, so that
+    a thread computes (and loads) only the piece of a cat/pad it stores."""
     if pred:
-        store_values(frag, value)
+        store_values(frag, compute())
 
 
 @cute.jit

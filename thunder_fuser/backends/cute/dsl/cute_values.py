@@ -10,6 +10,7 @@ Shared by every kernel family.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -342,11 +343,21 @@ class Evaluator:
         elif isinstance(e, Op):
             r = apply_op(e, [self.ev(a) for a in e.args], [dtype_of(a) for a in e.args])
         elif isinstance(e, Select):
-            r = self.select(e, [self.ev(p) for p in e.pieces])
+            r = self.select(e, [functools.partial(self.branch, p) for p in e.pieces])
         else:
             raise Unsupported(f"cannot evaluate {e!r}")
         self.memo[id(e)] = r
         return r
+
+    def branch(self, e):
+        """``e``'s value computed inside a branch the kernel may not take (one piece of a
+        cat/pad): what it evaluates on the way is forgotten after, since a value made in
+        one branch does not exist in another or after it."""
+        memo = dict(self.memo)
+        try:
+            return self.ev(e)
+        finally:
+            self.memo = memo
 
 
 def fast_exp(x):
