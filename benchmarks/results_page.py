@@ -129,6 +129,12 @@ def _distributed(results: str) -> list[str]:
                    "timed steps.", intro)
 
 
+def _elsewhere(docs: list) -> str:
+    """What the zoo's heading says of contenders a later run added on another GPU."""
+    marked = any(c.get("device") for d in docs for c in d["contenders"].values())
+    return " (a contender whose label names another GPU ran there, beside its own run's torch.compile)" if marked else ""
+
+
 def _zoo(results: str) -> list[str]:
     from benchmarks.zoo import KINDS_BY, bucket_table, geometric_mean_line, group_table, outside_table, table
 
@@ -136,7 +142,7 @@ def _zoo(results: str) -> list[str]:
     if not docs:
         return []
     lines = ["## Whole training steps of the model zoo (`python -m benchmarks.zoo`)", "",
-            f"{docs[0]['device']}. Each model at its full depth or at the layers shown (full depth in "
+            f"{docs[0]['device']}{_elsewhere(docs)}. Each model at its full depth or at the layers shown (full depth in "
             "brackets), its real width, the forward with the loss, the backward, torch's fused AdamW and "
             "`zero_grad` in every step (thunder+fuser+step: the optimizer's step through us by ThunderFX, "
             "thunder+fuser+jitstep: by `thunder.jit(opt.step)`, torch.compile+step: by `torch.compile(opt.step)`; "

@@ -529,10 +529,12 @@ def added_run(before: dict, run: dict) -> dict:
         raise SystemExit(f"--add: {run['name']} ran with other layers or sizes than {before['layers']} ({before['config']})")
     n = 1 + max((c.get("run", 1) for c in before["contenders"].values()), default=0)
     merged = dict(before, contenders=dict(before["contenders"]))
+    # a run on another GPU than the JSON's: its contenders carry the GPU it ran on
+    elsewhere = {} if run.get("device") == before.get("device") else {"device": run.get("device")}
     for label, c in run["contenders"].items():
         if label == "torch.compile" and label in merged["contenders"]:
             label = f"torch.compile (run {n})"
-        merged["contenders"][label] = dict(c, run=n)
+        merged["contenders"][label] = dict(c, run=n, **elsewhere)
     return merged
 
 
@@ -573,9 +575,13 @@ def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, ste
 
 
 def shown_label(label: str, c: dict) -> str:
-    """A contender's name, with the run it came from where a later run added it (``--add``)."""
+    """A contender's name, with the run it came from where a later run added it (``--add``),
+    and the GPU of a run on another GPU than the model's first."""
     n = c.get("run", 1)
-    return label if n == 1 or f"(run {n})" in label else f"{label} (run {n})"
+    if n == 1 or f"(run {n}" in label:
+        return label
+    gpu = f", {c['device'].split(';')[0].replace('NVIDIA ', '')}" if c.get("device") else ""
+    return f"{label} (run {n}{gpu})"
 
 
 def table(results: list) -> str:
@@ -623,11 +629,15 @@ def outside_table(results: list, contender: str = "thunder+fuser") -> str:
 
 def group_table(results: list, ours: str = "thunder+fuser", theirs: str = "torch.compile") -> str:
     """Per model and op group (``OP_GROUPS``), the GPU ms of ``ours``' kernels beside
-    Inductor's in ``theirs``; empty where no run named its kernels by their ops."""
+    Inductor's in ``theirs`` of the same run (``added_run``: a later run's torch.compile is
+    ``torch.compile (run n)``, maybe on another GPU); empty where no run named its kernels by
+    their ops."""
     lines = ["| model | op group | ours ms | Triton ms | ours x Triton |", "| --- | --- | ---: | ---: | ---: |"]
     for r in results:
-        a = r["contenders"].get(ours, {}).get("gpu_ms_by_group")
-        b = r["contenders"].get(theirs, {}).get("gpu_ms_by_group")
+        mine = r["contenders"].get(ours, {})
+        n = mine.get("run", 1)
+        a = mine.get("gpu_ms_by_group")
+        b = r["contenders"].get(theirs if n == 1 else f"{theirs} (run {n})", {}).get("gpu_ms_by_group")
         if not a or not b:
             continue
         for g in sorted(set(a) | set(b)):

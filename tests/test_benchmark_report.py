@@ -535,6 +535,10 @@ def test_zoo_puts_our_kernels_and_inductors_in_the_same_op_groups():
         "torch.compile": {"gpu_ms_by_group": {"norm": {"triton": 1.0}, "loss": {"triton": 0.5}}}}}
     assert group_table([run]).splitlines()[2:] == [
         "| m | loss | 0.000 | 0.500 |  |", "| m | norm | 1.500 | 1.000 | 1.50 |", "| m | rope | 0.200 | 0.000 |  |"]
+    # ours of a later run beside that run's torch.compile, not the first run's
+    run["contenders"]["thunder+fuser"]["run"] = 2
+    run["contenders"]["torch.compile (run 2)"] = {"gpu_ms_by_group": {"norm": {"triton": 3.0}}, "run": 2}
+    assert group_table([run]).splitlines()[2:] == ["| m | norm | 1.500 | 3.000 | 0.50 |", "| m | rope | 0.200 | 0.000 |  |"]
 
 
 def test_zoo_adds_a_second_runs_contenders_to_a_models_json():
@@ -542,7 +546,7 @@ def test_zoo_adds_a_second_runs_contenders_to_a_models_json():
     marked with their run, its torch.compile kept apart, and sizes that differ refused."""
     import pytest
 
-    from benchmarks.zoo import added_run
+    from benchmarks.zoo import added_run, shown_label
 
     def run(contenders, layers=28):
         return {"name": "m", "layers": layers, "config": {"n_embd": 8}, "contenders": contenders}
@@ -554,6 +558,12 @@ def test_zoo_adds_a_second_runs_contenders_to_a_models_json():
         "torch.compile": {"step_ms": 10.0}, "thunder+fuser": {"step_ms": 9.0, "x_torch_compile": 1.11},
         "torch.compile (run 2)": {"step_ms": 10.4, "run": 2}, "eager": {"step_ms": 20.0, "x_torch_compile": 0.52, "run": 2}}
     assert first["contenders"].keys() == {"torch.compile", "thunder+fuser"}  # the first run's dict is its own
+    # a run on another GPU: its contenders carry it, and their labels name it
+    third = dict(run({"thunder+fuser": {"step_ms": 8.0}}), device="NVIDIA H100 80GB HBM3; torch 2.11")
+    again = added_run(dict(merged, device="NVIDIA H200; torch 2.11"), third)["contenders"]["thunder+fuser"]
+    assert again == {"step_ms": 8.0, "run": 3, "device": "NVIDIA H100 80GB HBM3; torch 2.11"}
+    assert shown_label("thunder+fuser", again) == "thunder+fuser (run 3, H100 80GB HBM3)"
+    assert shown_label("torch.compile (run 2)", merged["contenders"]["torch.compile (run 2)"]) == "torch.compile (run 2)"
     with pytest.raises(SystemExit, match="other layers"):
         added_run(first, run({}, layers=8))
 
