@@ -578,9 +578,11 @@ def shown_label(label: str, c: dict) -> str:
     """A contender's name, with the run it came from where a later run added it (``--add``),
     and the GPU of a run on another GPU than the model's first."""
     n = c.get("run", 1)
-    if n == 1 or f"(run {n}" in label:
+    if n == 1:
         return label
     gpu = f", {c['device'].split(';')[0].replace('NVIDIA ', '')}" if c.get("device") else ""
+    if f"(run {n})" in label:  # a later run's torch.compile: its label names the run already
+        return label.replace(f"(run {n})", f"(run {n}{gpu})")
     return f"{label} (run {n}{gpu})"
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from thunder_fuser.ir.ops import BINARY, CAST, RESIZE, REDUCTION, TERNARY, UNARY
 from thunder_fuser.ir.region import Node, Region, Value
+from thunder_fuser.layout.reshape_groups import reshape_groups
 
 _ONE_INPUT = frozenset(UNARY + CAST)
 _ELEMENTWISE = frozenset(UNARY + CAST + BINARY + TERNARY)
@@ -78,7 +79,7 @@ def _one_round(region: Region) -> bool:
         if not isinstance(y, Value) or not y.is_tensor:
             continue
         p = producer.get(id(y))
-        if (p is not None and id(p) not in replaced and id(p) not in dropped and id(y) not in outputs
+        if (p is not None and id(p) not in replaced and id(y) not in outputs
                 and len(uses.get(id(y), ())) == 1 and id(y) not in anchored):
             moved = _moved_toward_inputs(p, y, tuple(node.output.shape), node.outputs, id(node.output) in feeding)
             if moved is not None:
@@ -128,13 +129,10 @@ def _broadcast_reshaped(p: Node, shape: tuple) -> tuple | None:
     be a whole dim on both sides of the reshape (a bias along the last dim, the leading dims
     merged or split); None otherwise."""
     x, before, dims = p.args[0], tuple(p.args[1]), tuple(p.args[2])
-    groups = _reshape_groups(before, shape)
+    groups = reshape_groups(before, shape) if 0 not in before else None
     if groups is None:
         return None
-    at = {}
-    for (lo, hi), (lo2, hi2) in groups:
-        if hi - lo == 1 and hi2 - lo2 == 1:
-            at[lo] = lo2
+    at = {src[0]: dst[0] for src, dst in groups if len(src) == len(dst) == 1}  # dims kept whole
     new = []
     for k, d in enumerate(dims):
         if x.shape[k] == 1 and before[d] != 1:
@@ -145,29 +143,3 @@ def _broadcast_reshaped(p: Node, shape: tuple) -> tuple | None:
     if any(b <= a for a, b in zip(new, new[1:])):
         return None
     return tuple(new)
-
-
-def _reshape_groups(before: tuple, after: tuple):
-    """The dims of ``before`` and ``after`` in matching runs of equal products
-    (``((lo, hi), (lo2, hi2))`` each), or None where a size-0 dim leaves them ambiguous."""
-    if 0 in before or 0 in after:
-        return None
-    groups, i, j = [], 0, 0
-    while i < len(before) or j < len(after):
-        lo, lo2 = i, j
-        a = before[i] if i < len(before) else 1
-        b = after[j] if j < len(after) else 1
-        i, j = i + 1, j + 1
-        while a != b:
-            if a < b:
-                if i >= len(before):
-                    return None
-                a *= before[i]
-                i += 1
-            else:
-                if j >= len(after):
-                    return None
-                b *= after[j]
-                j += 1
-        groups.append(((lo, min(i, len(before))), (lo2, min(j, len(after)))))
-    return groups

@@ -112,12 +112,13 @@ def pointwise_pieces(prog: Program, geo: Geometry):
 
         def _in_branch(piece):
             """A piece's value, its loads forgotten after: they exist only in its branch."""
-            saved = dict(loaded), dict(shared)
+            saved = [(cache, dict(cache)) for cache in (loaded, shared)]
             try:
                 return piece()
             finally:
-                loaded.clear(), loaded.update(saved[0])
-                shared.clear(), shared.update(saved[1])
+                for cache, before in saved:
+                    cache.clear()
+                    cache.update(before)
 
         ev = Evaluator(load, None, select)
         return [ev.ev(st.expr) for st in prog.stores]
