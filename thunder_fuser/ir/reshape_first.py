@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from thunder_fuser.ir.ops import BINARY, CAST, RESIZE, REDUCTION, TERNARY, UNARY
 from thunder_fuser.ir.region import Node, Region, Value
-from thunder_fuser.layout.reshape_groups import reshape_groups
+from thunder_fuser.ir.reshape_groups import reshape_groups
 
 _ONE_INPUT = frozenset(UNARY + CAST)
 _ELEMENTWISE = frozenset(UNARY + CAST + BINARY + TERNARY)

@@ -25,7 +25,7 @@ from torch._prims_common import are_strides_like_channels_last_or_false
 from thunder_fuser.ir.ops import kind_of
 from thunder_fuser.ir.region import Node, Region, Value
 from thunder_fuser.ir.torch_impls import REFERENCE_IMPLS, strides_for_order
-from thunder_fuser.layout.reshape_groups import reshape_groups
+from thunder_fuser.ir.reshape_groups import reshape_groups
 
 # An atom says: this dim is (part ``part`` of ``nparts`` of) dim ``dim`` of region input ``inp``.
 Atom = tuple[str, int, int, int]

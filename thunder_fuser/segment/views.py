@@ -13,7 +13,7 @@ from __future__ import annotations
 from thunder_fuser.ir.ops import METADATA
 from thunder_fuser.ir.region import Node, Region
 from thunder_fuser.layout.allocation_order import zero_dims
-from thunder_fuser.layout.reshape_groups import reshape_groups
+from thunder_fuser.ir.reshape_groups import reshape_groups
 from thunder_fuser.segment.segmenter import Segment
 
 
