@@ -296,3 +296,107 @@ def test_random_blocks_between_matmuls_keep_eagers_gradients_on_kernels(acts, bi
     assert fallbacks == []
     for t, b in zip((x, *params), before):
         assert torch.equal(t.detach(), b)
+
+
+def _kernel_kinds(trace) -> list[str]:
+    """The kind of every segment of ``trace``'s regions that runs a kernel (views run none)."""
+    return [p.decision.kinds[i] for p in plans(trace) for i in sorted(p.kernels) if p.decision.kinds[i] != "view"]
+
+
+def _segment_of(trace, shape) -> list[str]:
+    """The lines of the segment (in ``trace``'s printout) whose outputs include a tensor of
+    ``shape``: its header and its ops."""
+    lines = [l.strip() for l in str(trace).splitlines()]
+    for i, l in enumerate(lines):
+        if l.startswith("# segment") and "->" in l:
+            ops = []
+            for m in lines[i + 1:]:
+                if not m.startswith("#   "):
+                    break
+                ops.append(m)
+            if any(f"{shape}" in o or "sum(" in o for o in ops) and any("erf" in o for o in ops):
+                return [l, *ops]
+    return []
+
+
+def test_a_bias_gradients_sum_joins_the_kernel_that_makes_the_gradient(monkeypatch):
+    """The up projection's bias gradient sums the GELU's input gradient over the tokens; the
+    backward writes that sum after the matmuls that read the same gradient, so it sat in
+    the next region and read the gradient from memory again. ``hoist_reductions`` moves it
+    up beside the GELU's backward: one column kernel stores the gradient and sums it on the
+    way (as Inductor's ``gelu_backward_sum``), one kernel fewer, gradients as eager's."""
+    from helpers import check_gradients
+
+    def args():
+        return (torch.randn(16, 32), [torch.randn(96, 32) / 6, torch.randn(96) / 6, torch.randn(32, 96) / 10,
+                                      torch.randn(32) / 10])
+
+    jfn = check_gradients(_gelu_mlp, *args())
+    bw = thunder.last_backward_traces(jfn)[-1]
+    seg = _segment_of(bw, (96,))
+    assert seg and "[reduction: sum over dims (0,)]" in seg[0], "\n".join(seg) or str(bw)
+    monkeypatch.setattr(thunder_fuser.executor, "hoist_reductions", lambda bsyms, claimed: bsyms)
+    before = check_gradients(_gelu_mlp, *args())
+    assert len(_kernel_kinds(bw)) == len(_kernel_kinds(thunder.last_backward_traces(before)[-1])) - 1
+
+
+def _sum_read_again(a, w):
+    """A sum a claimed op reads (a statistic, not a result only the return takes) stays
+    where the program wrote it."""
+    h = torch.tanh(a)
+    y = h @ w
+    return y, h.sum(0) * 2.0
+
+
+def _sum_of_a_cat(a, b, w):
+    """A sum of a cat's result: no kernel takes a cat and a sum, so it does not move."""
+    h = torch.cat([a, b], -1)
+    return h @ w, h.sum(0)
+
+
+def _sum_after_a_write(a, w):
+    """The program writes ``h`` in place after the matmul reads it, then sums it: the sum
+    must see the write, so it never moves above it."""
+    h = torch.tanh(a)
+    y = h @ w
+    h.mul_(2.0)
+    return y, h.sum(0)
+
+
+def _sum_of_two_producers(a, b, w):
+    """A sum of a value made from two regions' results: it moves no higher than the later."""
+    h = torch.tanh(a)
+    y = h @ w
+    g = (y * b).sum(0)
+    return y, g, h.sum(0)
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (_sum_read_again, [(16, 32), (32, 8)]),
+    (_sum_of_a_cat, [(16, 16), (16, 16), (32, 8)]),
+    (_sum_after_a_write, [(16, 32), (32, 8)]),
+    (_sum_of_two_producers, [(16, 32), (16, 8), (32, 8)]),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sums_that_must_not_move_keep_eagers_answer(fn, shapes, dtype):
+    args = [torch.randn(*s).to(dtype) for s in shapes]
+    args[0][0, :3] = torch.tensor([float("inf"), -0.0, float("nan")])  # edge values through the moved sums
+    check_vs_eager(fn, *args)
+
+
+def test_a_sum_a_claimed_op_reads_stays_with_its_reader():
+    """A norm's statistics are such sums: moved away from the rows that read them, they
+    would pass through memory; the sum stays in the region of the op that reads it."""
+    jfn, _ = check_vs_eager(_sum_read_again, torch.randn(16, 32), torch.randn(32, 8))
+    regions = [b for b in thunder.last_traces(jfn)[-1].bound_symbols if b.sym.name.startswith("fuser")]
+    [with_sum] = [r for r in regions if any(s.sym.name == "sum" for s in r.subsymbols)]
+    assert any(s.sym.name == "mul" for s in with_sum.subsymbols), [s.sym.name for s in with_sum.subsymbols]
+
+
+def test_a_sum_of_a_cat_stays_out_of_the_cats_region():
+    """No kernel takes a cat and a sum (RoPE's backward and the QKV bias gradient): moved in,
+    the resize kernel stored the sum's fp32 upcast for a column kernel of its own."""
+    jfn, _ = check_vs_eager(_sum_of_a_cat, torch.randn(16, 16), torch.randn(16, 16), torch.randn(32, 8))
+    regions = [b for b in thunder.last_traces(jfn)[-1].bound_symbols if b.sym.name.startswith("fuser")]
+    [with_cat] = [r for r in regions if any(s.sym.name == "cat" for s in r.subsymbols)]
+    assert not any(s.sym.name == "sum" for s in with_cat.subsymbols)

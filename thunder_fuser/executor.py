@@ -29,8 +29,8 @@ from thunder_fuser.passes.constant_writes import merge_constant_writes
 from thunder_fuser.passes.dead_inputs import dead_inputs
 from thunder_fuser.passes.eager_decompositions import eager_decompositions
 from thunder_fuser.passes.eager_decompositions import register as register_eager_rules
-from thunder_fuser.passes.hoist_externs import (contiguous_of_resizes, dissolve_runs, hoist_externs, hoist_views,
-                                                join_across_externs)
+from thunder_fuser.passes.hoist_externs import (contiguous_of_resizes, dissolve_runs, hoist_externs, hoist_reductions,
+                                                hoist_views, join_across_externs)
 from thunder_fuser.passes.input_aliases import needs_alias_guard, with_alias_guard
 from thunder_fuser.passes.narrow_loss_gradient import narrow_loss_gradients
 from thunder_fuser.passes.recompute_in_backward import recompute_in_backward
@@ -209,6 +209,7 @@ class FuserExecutor(FusionExecutor):
         # partition: the ops we claim there then join that reader's region
         noted.bound_symbols = schedule_communication(noted.bound_symbols, hoist=False)
         noted.bound_symbols = join_across_externs(hoist_externs(hoist_views(noted.bound_symbols, claimed), claimed), claimed)
+        noted.bound_symbols = hoist_reductions(noted.bound_symbols, claimed)
         if _dissolving():
             noted.bound_symbols, released = dissolve_runs(noted.bound_symbols, claimed)
             self._kept_apart |= released  # views torch takes between matmuls, in no region
