@@ -88,6 +88,26 @@ def _views_for_others(bsyms: list[BoundSymbol], claimed) -> set[int]:
     return found
 
 
+def _climb(out: list[BoundSymbol], reads: set[str], claimed, to_producer: bool) -> tuple[int, bool]:
+    """How far up ``out`` an op reading ``reads`` may move (the index to insert it at), and
+    whether it passed an unclaimed op on the way. It stops below the op that makes what it
+    reads, an op that writes, or an unclaimed op that may not move; and, unless
+    ``to_producer``, at the first claimed op above an unclaimed one (the end of the run
+    before them, which it joins)."""
+    at, passed = len(out), False
+    while at > 0 and not (reads & _names(out[at - 1].flat_proxy_outs)):
+        prev = out[at - 1]
+        if claimed(prev):
+            if (passed and not to_producer) or not _passable(prev, claimed):
+                break
+        elif _movable(prev):
+            passed = True
+        else:
+            break
+        at -= 1
+    return at, passed
+
+
 def hoist_views(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol], bool]) -> list[BoundSymbol]:
     """``bsyms`` with each claimed view moved up past the movable unclaimed ops before it
     (and the claimed writing-free ops between), where it reads none of their results, to
@@ -102,18 +122,7 @@ def hoist_views(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol], bool]
         if id(b) not in movable:
             out.append(b)
             continue
-        reads = _names(b.flat_proxy_args)
-        at, passed = len(out), False
-        while at > 0 and not (reads & _names(out[at - 1].flat_proxy_outs)):
-            prev = out[at - 1]
-            if claimed(prev):
-                if passed or not _passable(prev, claimed):
-                    break  # the run before the ops passed: join it here
-            elif _movable(prev):
-                passed = True
-            else:
-                break
-            at -= 1
+        at, passed = _climb(out, _names(b.flat_proxy_args), claimed, to_producer=False)
         if not (passed and at > 0 and claimed(out[at - 1])):
             at = len(out)  # no op of another executor passed, or no run to join
         out.insert(at, b)
@@ -198,9 +207,10 @@ def hoist_reductions(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol], 
     statistics stay with the rows that read them. And only onto an elementwise op
     (``_elementwise``): beside a cat (RoPE's backward, the QKV bias gradient) no kernel takes
     both, the resize kernel then stored the sum's fp32 upcast for it (H100, pythia-1b's
-    layer: RoPE's backward 41 -> 73 µs, and a column sum over fp32). It crosses only ops that write nothing
-    (``_passable``, ``_movable``), and what it keeps alive longer is its small result
-    (``_reduces``)."""
+    layer: RoPE's backward 41 -> 73 µs, and a column sum over fp32). It crosses only ops
+    that write nothing (``_passable``, ``_movable``), and what it keeps alive longer is its
+    small result (``_reduces``). H100, one layer: pythia-1b's GELU backward and its three
+    column sums 89.7 + 57.3 µs -> 98.0 + 28.6 (two sums)."""
     read_by_ours: set[str] = set()
     for b in bsyms:
         if claimed(b):
@@ -212,17 +222,7 @@ def hoist_reductions(bsyms: list[BoundSymbol], claimed: Callable[[BoundSymbol], 
             out.append(b)
             continue
         reads = _names(b.flat_proxy_args)
-        at, passed = len(out), False
-        while at > 0 and not (reads & _names(out[at - 1].flat_proxy_outs)):
-            prev = out[at - 1]
-            if claimed(prev):
-                if not _passable(prev, claimed):
-                    break
-            elif _movable(prev):
-                passed = True
-            else:
-                break
-            at -= 1
+        at, passed = _climb(out, reads, claimed, to_producer=True)
         if not (passed and at > 0 and claimed(out[at - 1]) and reads & _names(out[at - 1].flat_proxy_outs)
                 and _elementwise(out[at - 1])):
             at = len(out)  # its operand is not made by a pointwise op it could join
