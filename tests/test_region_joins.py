@@ -400,3 +400,35 @@ def test_a_sum_of_a_cat_stays_out_of_the_cats_region():
     regions = [b for b in thunder.last_traces(jfn)[-1].bound_symbols if b.sym.name.startswith("fuser")]
     [with_cat] = [r for r in regions if any(s.sym.name == "cat" for s in r.subsymbols)]
     assert not any(s.sym.name == "sum" for s in with_cat.subsymbols)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["huge", "transposed input", "edge values", "aliased bias"])
+def test_a_moved_bias_sum_keeps_eagers_gradients_on_odd_inputs(case, dtype):
+    """The bias sum ``hoist_reductions`` moves, on inputs it was not written for: values
+    near bf16's range, a transposed (strided) input, inf/-0/NaN, and the two biases one
+    tensor (aliased): output, every gradient and the inputs afterwards against eager."""
+    x = torch.randn(32, 16) if case == "transposed input" else torch.randn(16, 32)
+    if case == "transposed input":
+        x = x.t()
+    if case == "huge":
+        x = x * 1e18
+    if case == "edge values":
+        x[0, :3] = torch.tensor([float("inf"), -0.0, float("nan")])
+    w1, w2 = torch.randn(32, 32) / 6, torch.randn(32, 32) / 6
+    b1 = torch.randn(32) / 6
+    b2 = b1 if case == "aliased bias" else torch.randn(32) / 6
+    args = [t.to(dtype).detach().requires_grad_() for t in (x, w1, b1, w2)]
+    args.append(args[2] if case == "aliased bias" else b2.to(dtype).requires_grad_())
+    ref = [t.detach().clone().requires_grad_() for t in args[:4]]
+    ref.append(ref[2] if case == "aliased bias" else args[4].detach().clone().requires_grad_())
+    jfn = thunder.jit(_gelu_mlp, executors=thunder_fuser.executors())
+    out, want = jfn(*args), _gelu_mlp(*ref)
+    g = torch.randn_like(want)
+    out.backward(g)
+    want.backward(g)
+    tol = dict(atol=1e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, want, equal_nan=True, **tol)
+    for a, r in zip(args, ref):
+        torch.testing.assert_close(a, r, equal_nan=True)
+        torch.testing.assert_close(a.grad, r.grad, equal_nan=True, **tol)
