@@ -3,6 +3,7 @@ builtins resolve as CPython resolves them, a module's own names (tensors and num
 included) keep thunder's provenance and its prologue checks, and exceptions inside
 interpreted code still reach the program."""
 
+import inspect
 import sys
 import types
 
@@ -33,6 +34,7 @@ def test_installed_on_thunder_0_2_6():
     assert hasattr(interpreter.globals_lookup, "thunder_fuser_original")
     assert isinstance(interpreter.dis, interpreter_speedups._DisWithCachedInstructions)
     assert hasattr(interpreter.InterpreterFrame.get_or_make_python_frame, "thunder_fuser_original")
+    assert isinstance(interpreter.inspect, interpreter_speedups._InspectWithStackOnDemand)
     assert interpreter_speedups.speed_up_thunders_interpreter()  # a second call changes nothing
     assert not hasattr(interpreter.globals_lookup.thunder_fuser_original, "thunder_fuser_original")
 
@@ -87,3 +89,20 @@ def test_instructions_are_dis_s_and_computed_once():
     assert got == tuple(dis.get_instructions(code))
     assert interpreter.dis.get_instructions(code) is got
     assert interpreter.dis.opmap is dis.opmap and interpreter.dis.Instruction is dis.Instruction
+
+
+def _both_stacks(context):
+    """Read at once, as the interpreter reads it (a frame's line is read when indexed)."""
+    lazy, eager = interpreter.inspect.stack(context), inspect.stack(context)
+    return (list(lazy), lazy[2], lazy[1:], lazy[-1], len(lazy)), eager
+
+
+def test_the_stack_on_demand_is_inspects_frame_by_frame():
+    """Iterated, indexed, sliced, from either end: the ``FrameInfo`` ``inspect.stack()`` builds
+    for each frame (but the first's line and columns: the helper's next line)."""
+    for context in (1, 3, 0):
+        (every, second, tail, last, n), want = _both_stacks(context)
+        assert n == len(every) == len(want) > 3
+        assert every[1:] == want[1:] == tail and second == want[2] and last == want[-1]
+        assert every[0].frame is want[0].frame and every[0].function == want[0].function
+    assert interpreter.inspect.signature is inspect.signature and interpreter.inspect.CO_GENERATOR == inspect.CO_GENERATOR
