@@ -135,6 +135,16 @@ def _elsewhere(docs: list) -> str:
     return " (a contender whose label names another GPU ran there, beside its own run's torch.compile)" if marked else ""
 
 
+def _zoo_devices(docs: list) -> str:
+    """The zoo heading's GPU: the one every model's first run had, or each with its models."""
+    by_device: dict = {}
+    for d in docs:
+        by_device.setdefault(d["device"], []).append(d["name"])
+    if len(by_device) == 1:
+        return docs[0]["device"]
+    return "; ".join(f"{device} (first run of {', '.join(names)})" for device, names in by_device.items())
+
+
 def _zoo(results: str) -> list[str]:
     from benchmarks.zoo import KINDS_BY, bucket_table, geometric_mean_line, group_table, outside_table, table
 
@@ -142,7 +152,7 @@ def _zoo(results: str) -> list[str]:
     if not docs:
         return []
     lines = ["## Whole training steps of the model zoo (`python -m benchmarks.zoo`)", "",
-            f"{docs[0]['device']}{_elsewhere(docs)}. Each model at its full depth or at the layers shown (full depth in "
+            f"{_zoo_devices(docs)}{_elsewhere(docs)}. Each model at its full depth or at the layers shown (full depth in "
             "brackets), its real width, the forward with the loss, the backward, torch's fused AdamW and "
             "`zero_grad` in every step (thunder+fuser+step: the optimizer's step through us by ThunderFX, "
             "thunder+fuser+jitstep: by `thunder.jit(opt.step)`, torch.compile+step: by `torch.compile(opt.step)`; "

@@ -630,3 +630,13 @@ def test_zoo_gives_a_graphed_ops_unexplained_kernels_the_reason_of_their_run():
     assert runs_explained(names, whys) == [None, emb, "a driver memset", emb, emb, "unexplained", emb, emb,
                                            "unexplained", None, "unexplained"]
     assert runs_explained(names[4:6], ["unexplained", "unexplained"]) == ["unexplained", "unexplained"]
+
+
+def test_the_zoo_heading_names_each_models_gpu_where_they_differ():
+    """A model first run on another GPU than the others is not reported under their GPU."""
+    from benchmarks.results_page import _zoo_devices
+
+    h200, h100 = "NVIDIA H200; torch 2.11", "NVIDIA H100 80GB HBM3; torch 2.11"
+    assert _zoo_devices([{"name": "a", "device": h200}, {"name": "b", "device": h200}]) == h200
+    assert _zoo_devices([{"name": "a", "device": h200}, {"name": "b", "device": h100}, {"name": "c", "device": h200}]) == (
+        f"{h200} (first run of a, c); {h100} (first run of b)")
