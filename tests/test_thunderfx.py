@@ -127,6 +127,64 @@ def test_the_splitter_asks_the_compilers_executors_which_ops_thunder_takes():
     assert reasons == ["the probe's gradient of sin has no meta"], reasons
 
 
+def _splitter_checks(monkeypatch, fn, *args, executors=None):
+    """(thunder's checks the splitter ran, its split reasons, the compiled result) of ``fn``."""
+    from thunder_fuser.patches import splitter_executors
+
+    ran = []
+    real = splitter_executors._checked
+
+    def counted(check, symbol, node, *rest):
+        ran.append(str(node.target))
+        return real(check, symbol, node, *rest)
+
+    monkeypatch.setattr(splitter_executors, "_checked", counted)
+    monkeypatch.setattr(splitter_executors, "_passed", {})
+    torch._dynamo.reset()
+    backend = ThunderCompiler(executors=executors or thunder_fuser.executors())
+    out = torch.compile(fn, backend=backend)(*args)
+    reasons = [r.exception for info in backend.subgraph_infos for r in info.split_reasons or ()]
+    return ran, reasons, out
+
+
+def test_the_splitter_checks_each_kind_of_node_once(monkeypatch):
+    """``patches/splitter_executors.py``: a node alike a node that passed (op, inputs' shapes,
+    dtypes, devices, ``requires_grad``, numbers) is not checked again; any difference is."""
+
+    def f(x, y):
+        return (x * 2).sin() + (y * 2).sin()
+
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    ran, _, out = _splitter_checks(monkeypatch, f, x, y)
+    torch.testing.assert_close(out, f(x, y))
+    assert sorted(ran) == sorted(["<built-in function mul>", "sin", "<built-in function add>"]), ran
+    for other in (torch.randn(1, 6), torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, requires_grad=True)):
+        ran, _, out = _splitter_checks(monkeypatch, f, x, other)
+        torch.testing.assert_close(out, f(x, other))
+        assert ran.count("sin") == 2 and ran.count("<built-in function mul>") == 2, (other, ran)
+    ran, _, _ = _splitter_checks(monkeypatch, lambda a, b: (a * 2).sin() + (b * 3).sin(), x, y)
+    assert ran.count("<built-in function mul>") == 2  # another number
+
+
+def test_a_node_that_fails_the_splitters_check_is_checked_again_and_named(monkeypatch):
+    """Only a pass is remembered: each refused node is checked and its own reason given."""
+    import thunder.torch as ltorch
+    from thunder.extend import OperatorExecutor
+
+    probe = OperatorExecutor("splitter_probe_again", version="0")
+    sin = probe.register_operator("probe_again_sin", like=ltorch.sin, fn=torch.sin)
+
+    def refuse(a):
+        raise ValueError("no meta")
+
+    probe.register_implementation(ltorch.sin, sin, checker=lambda a: True, grad_transform=refuse)
+    x, y = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+    ran, reasons, out = _splitter_checks(monkeypatch, lambda a, b: a.sin() * 2 + b.sin() * 2, x, y, executors=[probe])
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+    assert ran.count("sin") == 2 and reasons == ["no meta", "no meta"], (ran, reasons)
+
+
 @pytest.mark.cuda
 def test_attention_with_a_batch_broadcast_mask_stays_in_thunder_and_its_gradients_match_eager():
     """litgpt's sliding-window layers (Mistral, Phi-3) hand SDPA a ``(1, 1, T, T)`` mask for a
