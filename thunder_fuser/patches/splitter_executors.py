@@ -23,11 +23,12 @@ whole gradient rule (``value_and_grad``: 135 ms a node on the CPU machine). A mo
 layers, and an optimizer's step over them, repeat the same ops on inputs alike in all of
 that: ``torch.compile(opt.step, backend=ThunderCompiler(...))`` of AdamW over transformers'
 GPT-2 at 2 layers (tiny, CPU) asked it 560 times for 99 kinds of node, and its first step
-took 18.0 s, 15.1 s with each kind checked once; a model at full depth asks it per layer. A node whose op, symbol, inputs as the check reads
-them (each tensor's shape, dtype, device and ``requires_grad``; each number, string or dtype
-as it is) and options (executors, ``disable_torch_autograd``, torch's default dtype and
-device) are those of a node that passed, passes; a node that failed is checked again, so
-its reason names it. A node with an input the check reads otherwise (a submodule, an object
+took 18.0 s, 15.1 s with each kind checked once; a model at full depth asks it per layer.
+A node passes unchecked where its op, symbol, inputs as the check reads them (each tensor's
+shape, dtype, device and ``requires_grad``; each number, string or dtype as it is) and
+options (the executors by name, ``disable_torch_autograd``, torch's default dtype and
+device) are those of a node that passed. A node that failed is checked again, so that its
+reason names it. A node with an input the check reads otherwise (a submodule, an object
 without an example value, a symbolic number without a hint) is always checked.
 """
 
