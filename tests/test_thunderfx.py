@@ -144,6 +144,7 @@ def _splitter_checks(monkeypatch, fn, *args, executors=None):
     backend = ThunderCompiler(executors=executors or thunder_fuser.executors())
     out = torch.compile(fn, backend=backend)(*args)
     reasons = [r.exception for info in backend.subgraph_infos for r in info.split_reasons or ()]
+    _splitter_checks.backend = backend
     return ran, reasons, out
 
 
@@ -183,6 +184,27 @@ def test_a_node_that_fails_the_splitters_check_is_checked_again_and_named(monkey
     out.sum().backward()
     torch.testing.assert_close(x.grad, 2 * x.detach().cos())
     assert ran.count("sin") == 2 and reasons == ["no meta", "no meta"], (ran, reasons)
+
+
+def test_a_model_splits_as_it_split_with_every_node_checked(monkeypatch):
+    """A model the memory was not written for (transformers' GPT-2, tiny, one layer: its
+    Conv1D's addmm, tied head and loss): the same pieces, split reasons and loss with each
+    kind of node checked once as with every node checked, in fewer checks."""
+    from thunder_fuser.patches import splitter_executors
+
+    built = build("hf-GPT2", layers=1, tiny=True)
+    idx, targets = batch(built, 2, 16)
+    got = {}
+    for remembered in (0, splitter_executors._MAX_PASSED):
+        monkeypatch.setattr(splitter_executors, "_MAX_PASSED", remembered)
+        ran, _, loss = _splitter_checks(monkeypatch, built.module, idx, targets)
+        infos = _splitter_checks.backend.subgraph_infos
+        got[remembered] = (len(ran), [str(i.split_graph_module.graph) for i in infos],
+                           [(str(r.reason_type), r.info) for i in infos for r in i.split_reasons or ()], loss.detach())
+    (every, *every_split), (once, *once_split) = got.values()
+    assert once < every and once_split[:2] == every_split[:2], (once, every)
+    torch.testing.assert_close(once_split[2], every_split[2])
+    torch.testing.assert_close(once_split[2], built.module(idx, targets).detach())
 
 
 @pytest.mark.cuda
