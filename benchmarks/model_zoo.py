@@ -136,8 +136,7 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
     if name in LITGPT + MORE_LITGPT + SHARDED_LITGPT + ZOO_LITGPT:
         import litgpt
 
-        extra = dict(TINY_LITGPT, n_query_groups=TINY_GROUPS[name]) if tiny else {}
-        cfg = litgpt.Config.from_name(name, n_layer=layers, **extra)
+        cfg = litgpt_config(name, layers, tiny)
         module = LitGPTWithLoss(litgpt.GPT(cfg))
         config = dict(source="litgpt", n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head,
                       n_query_groups=cfg.n_query_groups, intermediate_size=cfg.intermediate_size,
@@ -167,6 +166,14 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
                          f"{MODELS + MORE + SHARDED_LITGPT + ZOO_LITGPT + ZOO_HF + VISION}")
     return Built(name, module.to(dtype=dtype) if device is None else module.to(device=device, dtype=dtype), config,
                  vocab, max_seq=max_seq)
+
+
+def litgpt_config(name: str, layers: int, tiny: bool):
+    """litgpt's config of ``name`` at ``layers`` layers, with ``tiny``: the CPU's tiny widths."""
+    import litgpt
+
+    extra = dict(TINY_LITGPT, n_query_groups=TINY_GROUPS[name]) if tiny else {}
+    return litgpt.Config.from_name(name, n_layer=layers, **extra)
 
 
 def fitted(built: Built, batch_size: int, seq: int) -> tuple[int, int]:

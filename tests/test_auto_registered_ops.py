@@ -219,12 +219,11 @@ def _tiny_litgpt_config(name: str):
     a model of another library."""
     import dataclasses
 
-    import litgpt
     from benchmarks import model_zoo
 
     if name not in model_zoo.LITGPT + model_zoo.MORE_LITGPT + model_zoo.ZOO_LITGPT:
         return None
-    cfg = litgpt.Config.from_name(name, n_layer=1, **model_zoo.TINY_LITGPT, n_query_groups=model_zoo.TINY_GROUPS[name])
+    cfg = model_zoo.litgpt_config(name, 1, tiny=True)
     return repr(sorted((k, v) for k, v in dataclasses.asdict(cfg).items() if k not in ("name", "hf_config")))
 
 

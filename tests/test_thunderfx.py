@@ -128,7 +128,8 @@ def test_the_splitter_asks_the_compilers_executors_which_ops_thunder_takes():
 
 
 def _splitter_checks(monkeypatch, fn, *args, executors=None):
-    """(thunder's checks the splitter ran, its split reasons, the compiled result) of ``fn``."""
+    """(thunder's checks the splitter ran, its split reasons, the compiled result, the
+    compiler) of ``fn``."""
     from thunder_fuser.patches import splitter_executors
 
     ran = []
@@ -144,8 +145,7 @@ def _splitter_checks(monkeypatch, fn, *args, executors=None):
     backend = ThunderCompiler(executors=executors or thunder_fuser.executors())
     out = torch.compile(fn, backend=backend)(*args)
     reasons = [r.exception for info in backend.subgraph_infos for r in info.split_reasons or ()]
-    _splitter_checks.backend = backend
-    return ran, reasons, out
+    return ran, reasons, out, backend
 
 
 def test_the_splitter_checks_each_kind_of_node_once(monkeypatch):
@@ -156,14 +156,14 @@ def test_the_splitter_checks_each_kind_of_node_once(monkeypatch):
         return (x * 2).sin() + (y * 2).sin()
 
     x, y = torch.randn(4, 6), torch.randn(4, 6)
-    ran, _, out = _splitter_checks(monkeypatch, f, x, y)
+    ran, _, out, _ = _splitter_checks(monkeypatch, f, x, y)
     torch.testing.assert_close(out, f(x, y))
     assert sorted(ran) == sorted(["<built-in function mul>", "sin", "<built-in function add>"]), ran
     for other in (torch.randn(1, 6), torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, requires_grad=True)):
-        ran, _, out = _splitter_checks(monkeypatch, f, x, other)
+        ran, _, out, _ = _splitter_checks(monkeypatch, f, x, other)
         torch.testing.assert_close(out, f(x, other))
         assert ran.count("sin") == 2 and ran.count("<built-in function mul>") == 2, (other, ran)
-    ran, _, _ = _splitter_checks(monkeypatch, lambda a, b: (a * 2).sin() + (b * 3).sin(), x, y)
+    ran, _, _, _ = _splitter_checks(monkeypatch, lambda a, b: (a * 2).sin() + (b * 3).sin(), x, y)
     assert ran.count("<built-in function mul>") == 2  # another number
 
 
@@ -180,7 +180,8 @@ def test_a_node_that_fails_the_splitters_check_is_checked_again_and_named(monkey
 
     probe.register_implementation(ltorch.sin, sin, checker=lambda a: True, grad_transform=refuse)
     x, y = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
-    ran, reasons, out = _splitter_checks(monkeypatch, lambda a, b: a.sin() * 2 + b.sin() * 2, x, y, executors=[probe])
+    ran, reasons, out, _ = _splitter_checks(monkeypatch, lambda a, b: a.sin() * 2 + b.sin() * 2, x, y,
+                                            executors=[probe])
     out.sum().backward()
     torch.testing.assert_close(x.grad, 2 * x.detach().cos())
     assert ran.count("sin") == 2 and reasons == ["no meta", "no meta"], (ran, reasons)
@@ -197,8 +198,8 @@ def test_a_model_splits_as_it_split_with_every_node_checked(monkeypatch):
     got = {}
     for remembered in (0, splitter_executors._MAX_PASSED):
         monkeypatch.setattr(splitter_executors, "_MAX_PASSED", remembered)
-        ran, _, loss = _splitter_checks(monkeypatch, built.module, idx, targets)
-        infos = _splitter_checks.backend.subgraph_infos
+        ran, _, loss, backend = _splitter_checks(monkeypatch, built.module, idx, targets)
+        infos = backend.subgraph_infos
         got[remembered] = (len(ran), [str(i.split_graph_module.graph) for i in infos],
                            [(str(r.reason_type), r.info) for i in infos for r in i.split_reasons or ()], loss.detach())
     (every, *every_split), (once, *once_split) = got.values()

@@ -53,15 +53,23 @@ _MISSING = object()
 _BUILTINS = builtins.__dict__
 
 
-class _DisWithCachedInstructions(types.ModuleType):
-    """``dis`` for thunder's interpreter: the same module but ``get_instructions`` of a code
-    object is computed once (a tuple, which ``_run_frame``'s ``tuple(...)`` returns as is).
-    Every other name is dis's, copied in (the interpreter reads ``dis.opmap`` and the like
-    half a million times a first call: no ``__getattr__`` on that path)."""
+class _ModuleFor(types.ModuleType):
+    """A module of Python's for thunder's interpreter: every name of ``module`` copied in
+    (the interpreter reads ``dis.opmap`` and the like half a million times a first call: no
+    ``__getattr__`` on that path), but those the subclass defines."""
+
+    def __init__(self, module: types.ModuleType):
+        super().__init__(module.__name__)
+        own = vars(type(self))
+        self.__dict__.update({k: v for k, v in vars(module).items() if k not in own})
+
+
+class _DisWithCachedInstructions(_ModuleFor):
+    """``dis`` for thunder's interpreter: ``get_instructions`` of a code object is computed
+    once (a tuple, which ``_run_frame``'s ``tuple(...)`` returns as is)."""
 
     def __init__(self):
-        super().__init__("dis")
-        self.__dict__.update({k: v for k, v in vars(dis).items() if k != "get_instructions"})
+        super().__init__(dis)
 
     @staticmethod
     @functools.lru_cache(maxsize=8192)
@@ -105,13 +113,11 @@ class _FramesOnDemand:
         return (self._info(i) for i in range(len(self._frames)))
 
 
-class _InspectWithStackOnDemand(types.ModuleType):
-    """``inspect`` for thunder's interpreter: ``stack()`` as ``_FramesOnDemand``; every other
-    name is inspect's, copied in."""
+class _InspectWithStackOnDemand(_ModuleFor):
+    """``inspect`` for thunder's interpreter: ``stack()`` as ``_FramesOnDemand``."""
 
     def __init__(self):
-        super().__init__("inspect")
-        self.__dict__.update({k: v for k, v in vars(inspect).items() if k != "stack"})
+        super().__init__(inspect)
 
     @staticmethod
     def stack(context: int = 1):
