@@ -208,6 +208,38 @@ def test_a_model_splits_as_it_split_with_every_node_checked(monkeypatch):
     torch.testing.assert_close(once_split[2], built.module(idx, targets).detach())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nodes_alike_but_for_what_the_check_ignores_keep_eagers_answer(monkeypatch, dtype):
+    """Break the splitter's memory: the same op over a transposed (strided) input, a 0-d
+    tensor, one tensor twice (aliased), an in-place update of an input, and numbers that are
+    NaN, inf or huge; outputs, the updated input and gradients against eager."""
+    def f(x, t, z, buf, w):
+        a = (x * 2).sin() + (t * 2).sin()  # t: x's shape, transposed storage
+        b = (z * 2).sin() + (x * x)  # 0-d, and one tensor twice
+        buf.add_(a)  # an input updated in place
+        c = (w * float("nan")).nan_to_num(0.5) + (w * float("inf")).clamp(-3, 3) + (w * 1e30) * 1e-30 + w * 2
+        return a.sum() + b.sum() + c.sum() + buf.sum()
+
+    def inputs():
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(4, 6, generator=g).to(dtype).requires_grad_()
+        t = torch.randn(6, 4, generator=g).to(dtype).t().detach().requires_grad_()
+        z = torch.randn((), generator=g).to(dtype).requires_grad_()
+        w = torch.randn(4, 6, generator=g).to(dtype).requires_grad_()  # w's gradient: NaN, as eager's
+        return x, t, z, torch.zeros(4, 6, dtype=dtype), w
+
+    want_in, got_in = inputs(), inputs()
+    want = f(*want_in)
+    want.backward()
+    _, _, got, _ = _splitter_checks(monkeypatch, f, *got_in)
+    got.backward()
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype is torch.bfloat16 else {}
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(got_in[3], want_in[3], **tol)  # the in-place update landed
+    for i in (0, 1, 2, 4):
+        torch.testing.assert_close(got_in[i].grad, want_in[i].grad, equal_nan=i == 4, **tol)
+
+
 @pytest.mark.cuda
 def test_attention_with_a_batch_broadcast_mask_stays_in_thunder_and_its_gradients_match_eager():
     """litgpt's sliding-window layers (Mistral, Phi-3) hand SDPA a ``(1, 1, T, T)`` mask for a
