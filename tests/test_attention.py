@@ -315,6 +315,50 @@ def test_the_rotary_backward_of_grouped_keys_is_one_kernel_into_the_projections_
     assert ptx_text(segment_kernel.compile_group(k.parts, None)).count(".entry") == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_a_multi_query_keys_gradient_summed_over_many_heads_runs_on_kernels_in_16_bits(dtype, torch_kernels,
+                                                                                      ptx_compile):
+    """falcon-7b's one key and value head serve 71 query heads: their gradients, as attention
+    returns them, [b, s, 71, e] in memory, are summed over the 71 heads, kept dims on both
+    sides of the reduced one. Too many heads to add as slices (``small_reductions``), and no
+    column kernel walks two kept runs, so on the H100 the sums ran on the reference backend
+    (0.2 ms a layer). In 16 bits they now run as rows after a transposing copy; in fp32 the
+    reference's single sum moves fewer bytes and stays, with its reason. Gradients match
+    eager's either way, and the kernels compile for sm_90a."""
+    from helpers import plans, ptx_text
+
+    from thunder_fuser.backends.cute import segment_kernel
+
+    heads, e = 40, 64
+    torch.manual_seed(0)
+    block = _RotaryTailBlock(e, d=heads * e, heads=heads, groups=1).to(dtype)
+    x = torch.randn(2, 16, heads * e, dtype=dtype, requires_grad=True)
+    cos, sin = (torch.randn(32, e, dtype=dtype) for _ in range(2))
+    jb = thunder.jit(block, executors=thunder_fuser.executors())
+    y = jb(x, cos, sin)
+    g = torch.randn_like(y)
+    y.backward(g)
+    want_x = x.detach().clone().requires_grad_()
+    want_block = _RotaryTailBlock(e, d=heads * e, heads=heads, groups=1).to(dtype)
+    want_block.load_state_dict(block.state_dict())
+    want = want_block(want_x, cos, sin)
+    want.backward(g)
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(x.grad, want_x.grad)
+    torch.testing.assert_close(block.qkv.weight.grad, want_block.qkv.weight.grad)
+
+    fallbacks = [r for p in plans(thunder.last_backward_traces(jb)[-1]) for r in p.decision.fallbacks.values()]
+    if dtype == torch.float32:
+        assert fallbacks == ["the kept dims of a column reduction are not one contiguous run for every operand"]
+        return
+    assert fallbacks == [], thunder_fuser.explain(jb)
+    [sums] = [k for p in plans(thunder.last_backward_traces(jb)[-1]) for k in p.kernels.values()
+              if k is not None and any(pt.prog.family == "rows" for pt in k.parts)]
+    assert [pt.prog.family for pt in sums.parts] == ["pointwise", "rows"]  # the staged copy, the sums
+    for part in sums.parts:
+        assert ".target sm_90a" in ptx_text(segment_kernel.compile_program(part.prog, part.geo, None))
+
+
 def test_the_rotation_of_cos_and_sin_sliced_before_the_region_is_one_launch(torch_kernels):
     """litgpt slices its cos and sin cache once for all layers: every layer but the first
     gets them as region inputs, viewed as ``[1, 1, s, d]``, broadcast over the heads and

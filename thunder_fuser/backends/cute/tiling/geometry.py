@@ -180,7 +180,9 @@ def build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], 
 
 
 def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor], iotas: dict | None,
-                    sm_count: int) -> Geometry:
+                    sm_count: int, columns_ok: bool = True) -> Geometry:
+    """``columns_ok=False``: a reduction whose kept dims are innermost is laid out as rows
+    all the same (its kept dims lie on both sides of the reduced ones in memory)."""
     iotas = iotas or {}
     domain = prog.domain
     if not math.prod(domain):
@@ -232,7 +234,7 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
     ref = full_stores[0] if full_stores else (full_loads or [next(iter(load_view.values()))[0]])[0]
     if ref.ndim != len(domain):
         ref = store_views[0][0]
-    columns = prog.family == "rows" and _kept_innermost(ref, reduced)
+    columns = columns_ok and prog.family == "rows" and _kept_innermost(ref, reduced)
     if columns:
         _check_two_launch_program(prog, "a column reduction")
     inner_sel, outer_sel = _select_axes(prog, ref, domain)
@@ -261,7 +263,22 @@ def _build_geometry(prog: Program, env: dict, store_tensors: list[torch.Tensor],
     if columns:
         kept_groups = [g for g in groups if g[0] not in reduced]
         if len(kept_groups) != 1:
-            raise Unsupported("the kept dims of a column reduction are not one contiguous run for every operand")
+            why = "the kept dims of a column reduction are not one contiguous run for every operand"
+            if not all(v.dtype.itemsize <= 2 for v, _ in load_view.values()):
+                raise Unsupported(why)
+            # kept dims on both sides of the reduced ones in memory (falcon-7b's key gradient
+            # [b, s, 71, e] summed over its 71 query heads): no column kernel walks two kept
+            # runs. As rows, the kernel reads its operands across the rows, which a transposing
+            # copy stages first (``NeedsTranspose``): 6 bytes moved per 16-bit element (read,
+            # write, read), where the reference backend widens to fp32 in memory and sums (10:
+            # falcon-7b's 16 such sums a step took 1.7 ms on the H100). An fp32 operand stays on
+            # the reference backend, whose one sum reads it once (4 bytes against 12).
+            try:
+                return _build_geometry(prog, env, store_tensors, iotas, sm_count, columns_ok=False)
+            except Needs:
+                raise
+            except Unsupported as e:
+                raise Unsupported(f"{why}, nor as rows: {e}") from e
     elif reduced:
         inner_groups = [g for g in groups if g[0] in reduced]
         if len(inner_groups) != 1:
