@@ -120,28 +120,32 @@ class Built:
 
 
 def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=torch.float32, seed: int = 0,
-          made_on_device: bool = False) -> Built:
+          made_on_device: bool = False, longest: int | None = None) -> Built:
     """The model ``name`` on ``device`` in ``dtype``: made on the CPU in fp32, then converted
     (the same weights on every device), or with ``made_on_device`` made on ``device`` in
-    ``dtype`` (a model of 19e9 parameters never exists in fp32 on the host; other weights)."""
+    ``dtype`` (a model of 19e9 parameters never exists in fp32 on the host; other weights).
+    ``longest``: the longest sequence it will step, if known (``litgpt_config``)."""
     torch.manual_seed(seed)
     if made_on_device and device is not None:
         default = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
             with torch.device(device):
-                return build(name, layers, tiny, None, dtype, seed)  # None: where it is made
+                return build(name, layers, tiny, None, dtype, seed, longest=longest)  # None: where it is made
         finally:
             torch.set_default_dtype(default)
     if name in LITGPT + MORE_LITGPT + SHARDED_LITGPT + ZOO_LITGPT:
         import litgpt
 
-        cfg = litgpt_config(name, layers, tiny)
+        cfg = litgpt_config(name, layers, tiny, longest)
         module = LitGPTWithLoss(litgpt.GPT(cfg))
         config = dict(source="litgpt", n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head,
                       n_query_groups=cfg.n_query_groups, intermediate_size=cfg.intermediate_size,
                       vocab=cfg.padded_vocab_size, rotary_percentage=cfg.rotary_percentage,
                       parallel_residual=cfg.parallel_residual)
+        window = litgpt_config(name, layers, tiny).sliding_window_size
+        if window is not None and cfg.sliding_window_size is None:
+            config["sliding_window"] = f"off: {window} tokens mask nothing in sequences of at most {longest}"
         vocab, max_seq = cfg.vocab_size, cfg.block_size
     elif name in HF + MORE_HF + ZOO_HF:
         import transformers
@@ -168,12 +172,22 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
                  vocab, max_seq=max_seq)
 
 
-def litgpt_config(name: str, layers: int, tiny: bool):
-    """litgpt's config of ``name`` at ``layers`` layers, with ``tiny``: the CPU's tiny widths."""
+def litgpt_config(name: str, layers: int, tiny: bool, longest: int | None = None):
+    """litgpt's config of ``name`` at ``layers`` layers, with ``tiny``: the CPU's tiny widths.
+
+    A sliding window at least ``longest`` tokens long (Mistral-7B's 4096, Phi-3-mini's 2048,
+    stepped at 2048) masks nothing but the causal mask does, and is left off: litgpt builds
+    its mask in a Python loop of one slice assignment per token, in every layer's forward,
+    which every compiler traces op by op (torch.compile's first fwd+bwd of a 2-layer tiny
+    Mistral on the CPU: 42 s at 64 tokens, 177 s at 512; at 2048 on the H100 it had not
+    ended after 8 minutes). Off, attention is causal, the same numbers."""
     import litgpt
 
     extra = dict(TINY_LITGPT, n_query_groups=TINY_GROUPS[name]) if tiny else {}
-    return litgpt.Config.from_name(name, n_layer=layers, **extra)
+    cfg = litgpt.Config.from_name(name, n_layer=layers, **extra)
+    if longest is not None and cfg.sliding_window_size is not None and longest <= cfg.sliding_window_size:
+        cfg.sliding_window_size = cfg.sliding_window_indices = None
+    return cfg
 
 
 def fitted(built: Built, batch_size: int, seq: int) -> tuple[int, int]:

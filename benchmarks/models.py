@@ -245,7 +245,7 @@ def contender_model(name: str, layers: int, ref: dict, tiny: bool):
         gc.collect()
         others = torch.cuda.memory_allocated()
         pools_before = graph_pools(torch.cuda.memory_snapshot())
-    built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
+    built = build(name, layers, tiny=tiny, device=device, dtype=dtype, longest=ref.get("longest"))
     built.module.load_state_dict(ref["state"])
     return built, others, pools_before
 

@@ -501,11 +501,13 @@ def run_contender(kind: str, name: str, layers: int, ref: dict, tiny: bool, time
     return res
 
 
-def reference(name: str, layers: int, batch_size: int, seq: int, tiny: bool) -> tuple[dict, dict]:
+def reference(name: str, layers: int, batch_size: int, seq: int, tiny: bool, longest: int | None = None
+              ) -> tuple[dict, dict]:
     """Eager's first step from the model's initial weights: the loss, the gradients and each
-    parameter's update by torch's fused AdamW, kept on the host."""
+    parameter's update by torch's fused AdamW, kept on the host; ``longest``: the longest
+    sequence any step takes (``model_zoo.litgpt_config``), every contender's model built so."""
     device, dtype = _device_and_dtype(tiny)
-    built = build(name, layers, tiny=tiny, device=device, dtype=dtype)
+    built = build(name, layers, tiny=tiny, device=device, dtype=dtype, longest=longest)
     idx, targets = batch(built, batch_size, seq, device=device)
     state = {k: v.detach().to("cpu", copy=True) for k, v in built.module.state_dict().items()}
     loss = built.module(idx, targets)
@@ -517,7 +519,7 @@ def reference(name: str, layers: int, batch_size: int, seq: int, tiny: bool) -> 
     config = run_config(built, batch_size, seq)
     del built
     release()
-    return {"state": state, "batch": (idx, targets), "loss": loss.detach().cpu(), "grads": grads,
+    return {"state": state, "batch": (idx, targets), "loss": loss.detach().cpu(), "grads": grads, "longest": longest,
             "updates": updates}, config
 
 
@@ -541,7 +543,7 @@ def added_run(before: dict, run: dict) -> dict:
 def run_model(name: str, contenders, layers: int, batch_size: int, seq: int, steps: int, tiny: bool,
               buckets: tuple = (), partial: str | None = None) -> dict:
     full = ZOO.get(name, (layers, layers))[1]
-    ref, config = reference(name, layers, batch_size, seq, tiny)
+    ref, config = reference(name, layers, batch_size, seq, tiny, max((seq, *buckets)))
     out = {"name": name, "layers": layers, "full_depth": full, "config": config, "contenders": {}}
     timers: list = []
     checks: list = []

@@ -642,3 +642,31 @@ def test_the_zoo_heading_names_each_models_gpu_where_they_differ():
     assert _zoo_devices([{"name": "a", "device": h200}, {"name": "b", "device": h200}]) == h200
     assert _zoo_devices([{"name": "a", "device": h200}, {"name": "b", "device": h100}, {"name": "c", "device": h200}]) == (
         f"{h200} (first run of a, c); {h100} (first run of b)")
+
+
+@pytest.mark.parametrize("name", ["Mistral-7B-v0.1", "Phi-3-mini-4k-instruct"])
+def test_a_sliding_window_no_sequence_reaches_is_left_off_with_the_same_numbers(name):
+    """litgpt builds a sliding window's mask with a slice assignment per token in every
+    layer, which compilers trace op by op (torch.compile's first step at 2048 tokens had not
+    ended after 8 minutes on the H100). A window at least as long as every sequence masks
+    nothing the causal mask does not: the zoo builds the model without it, says so in its
+    config, and the loss and gradients are the window's."""
+    import torch
+
+    from benchmarks.model_zoo import batch, build
+
+    windowed = build(name, 1, tiny=True)
+    plain = build(name, 1, tiny=True, longest=32)
+    assert "sliding_window" not in windowed.config
+    assert plain.config["sliding_window"].startswith("off:")
+    assert not any(getattr(m, "apply_sliding_window_attention", False) for m in plain.module.modules())
+    assert any(getattr(m, "apply_sliding_window_attention", False) for m in windowed.module.modules())
+    idx, targets = batch(plain, 2, 32)
+    want = windowed.module(idx, targets)
+    got = plain.module(idx, targets)
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(got, want)
+    for p, q in zip(plain.module.parameters(), windowed.module.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert build(name, 1, tiny=True, longest=10**6).config.get("sliding_window") is None
