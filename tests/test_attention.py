@@ -4,6 +4,8 @@ flash kernel laid out as cuDNN's outputs are; the ``cuda`` test runs cuDNN's att
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import thunder
 import torch
@@ -265,6 +267,23 @@ class _RotaryTailBlock(torch.nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
 
 
+def _stepped_as_eager(block, x, cos, sin):
+    """``block`` jitted with the README's executors, stepped forward and backward on ``x``:
+    its output and the gradients of ``x`` and the projection as an eager copy's. The jitted
+    block, for its traces."""
+    want_block, want_x = copy.deepcopy(block), x.detach().clone().requires_grad_()
+    jb = thunder.jit(block, executors=thunder_fuser.executors())
+    y = jb(x, cos, sin)
+    g = torch.randn_like(y)
+    y.backward(g)
+    want = want_block(want_x, cos, sin)
+    want.backward(g)
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(x.grad, want_x.grad)
+    torch.testing.assert_close(block.qkv.weight.grad, want_block.qkv.weight.grad)
+    return jb
+
+
 @pytest.mark.parametrize("rope", [16, 8], ids=["every dim rotated", "half the dims"])
 def test_the_rotary_backward_of_grouped_keys_is_one_kernel_into_the_projections_gradient(rope, torch_kernels, ptx_compile):
     """The backward of q's and k's rotation, of the key and value heads' repeat (a sum over
@@ -284,19 +303,7 @@ def test_the_rotary_backward_of_grouped_keys_is_one_kernel_into_the_projections_
     block = _RotaryTailBlock(rope).to(torch.bfloat16)
     x = torch.randn(2, 16, 64, dtype=torch.bfloat16, requires_grad=True)
     cos, sin = (torch.randn(32, rope, dtype=torch.bfloat16) for _ in range(2))
-    jb = thunder.jit(block, executors=thunder_fuser.executors())
-    y = jb(x, cos, sin)
-    g = torch.randn_like(y)
-    y.backward(g)
-
-    want_x = x.detach().clone().requires_grad_()
-    want_block = _RotaryTailBlock(rope).to(torch.bfloat16)
-    want_block.load_state_dict(block.state_dict())
-    want = want_block(want_x, cos, sin)
-    want.backward(g)
-    torch.testing.assert_close(y, want)
-    torch.testing.assert_close(x.grad, want_x.grad)
-    torch.testing.assert_close(block.qkv.weight.grad, want_block.qkv.weight.grad)
+    jb = _stepped_as_eager(block, x, cos, sin)
 
     [cat_plan] = [p for p in plans(thunder.last_backward_traces(jb)[-1])
                   if any(n.op == "cat" for s in p.decision.segments for n in s.nodes)]
@@ -334,18 +341,7 @@ def test_a_multi_query_keys_gradient_summed_over_many_heads_runs_on_kernels_in_1
     block = _RotaryTailBlock(e, d=heads * e, heads=heads, groups=1).to(dtype)
     x = torch.randn(2, 16, heads * e, dtype=dtype, requires_grad=True)
     cos, sin = (torch.randn(32, e, dtype=dtype) for _ in range(2))
-    jb = thunder.jit(block, executors=thunder_fuser.executors())
-    y = jb(x, cos, sin)
-    g = torch.randn_like(y)
-    y.backward(g)
-    want_x = x.detach().clone().requires_grad_()
-    want_block = _RotaryTailBlock(e, d=heads * e, heads=heads, groups=1).to(dtype)
-    want_block.load_state_dict(block.state_dict())
-    want = want_block(want_x, cos, sin)
-    want.backward(g)
-    torch.testing.assert_close(y, want)
-    torch.testing.assert_close(x.grad, want_x.grad)
-    torch.testing.assert_close(block.qkv.weight.grad, want_block.qkv.weight.grad)
+    jb = _stepped_as_eager(block, x, cos, sin)
 
     fallbacks = [r for p in plans(thunder.last_backward_traces(jb)[-1]) for r in p.decision.fallbacks.values()]
     if dtype == torch.float32:
