@@ -143,7 +143,7 @@ def build(name: str, layers: int = 2, tiny: bool = False, device="cpu", dtype=to
                       n_query_groups=cfg.n_query_groups, intermediate_size=cfg.intermediate_size,
                       vocab=cfg.padded_vocab_size, rotary_percentage=cfg.rotary_percentage,
                       parallel_residual=cfg.parallel_residual)
-        window = litgpt_config(name, layers, tiny).sliding_window_size
+        window = litgpt.Config.from_name(name).sliding_window_size
         if window is not None and cfg.sliding_window_size is None:
             config["sliding_window"] = f"off: {window} tokens mask nothing in sequences of at most {longest}"
         vocab, max_seq = cfg.vocab_size, cfg.block_size
@@ -176,7 +176,7 @@ def litgpt_config(name: str, layers: int, tiny: bool, longest: int | None = None
     """litgpt's config of ``name`` at ``layers`` layers, with ``tiny``: the CPU's tiny widths.
 
     A sliding window at least ``longest`` tokens long (Mistral-7B's 4096, Phi-3-mini's 2048,
-    stepped at 2048) masks nothing but the causal mask does, and is left off: litgpt builds
+    stepped at 2048) masks nothing the causal mask does not, and is left off: litgpt builds
     its mask in a Python loop of one slice assignment per token, in every layer's forward,
     which every compiler traces op by op (torch.compile's first fwd+bwd of a 2-layer tiny
     Mistral on the CPU: 42 s at 64 tokens, 177 s at 512; at 2048 on the H100 it had not
