@@ -374,3 +374,39 @@ def test_the_rotation_of_cos_and_sin_sliced_before_the_region_is_one_launch(torc
                    if any(n.op == "cat" for s in p.decision.segments for n in s.nodes)]
     kernels = [k for k in rope_plan.kernels.values() if k is not None]
     assert len(kernels) == 1 and (len(kernels[0].parts) == 1 or kernels[0].shares), thunder_fuser.explain(jb)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_a_middle_reduction_on_kernels_keeps_eagers_answer_on_values_built_to_break_it(dtype, torch_kernels):
+    """The rows-over-a-copy layout of a sum whose kept dims lie on both sides of the reduced
+    one, on a program it was not written for (no attention: a plain sum over the third of
+    four dims, 40 long): NaN, inf and huge values, an input read twice (once through a
+    transposed view), and the sum written into an input in place; values and the gradient
+    as eager's, the input updated as eager updates it. The first sum runs on kernels; the
+    second, which also reads the first's fp32 result, stays on the reference backend with
+    its reason (an fp32 operand: ``geometry``'s byte rule)."""
+    from helpers import plans
+
+    def f(x, out):
+        s = x.sum(2) + x.transpose(1, 2).sum(1) * 0.5
+        out.copy_(s)
+        return s * 2
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 40, 16, dtype=dtype)
+    x[0, 0, 3, 0], x[0, 1, 5, 1], x[1, 2, 7, 2] = float("nan"), float("inf"), -float("inf")
+    x[1, 3, :, 3] = 3e4 if dtype == torch.float16 else 1e30
+    x.requires_grad_()
+    out, want_out = torch.zeros(2, 8, 16, dtype=dtype), torch.zeros(2, 8, 16, dtype=dtype)
+    want_x = x.detach().clone().requires_grad_()
+    jf = thunder.jit(f, executors=thunder_fuser.executors())
+    y = jf(x, out)
+    want = f(want_x, want_out)
+    torch.testing.assert_close(y, want, equal_nan=True)
+    torch.testing.assert_close(out, want_out, equal_nan=True)
+    g = torch.randn_like(y)
+    y.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(x.grad, want_x.grad, equal_nan=True)
+    fallbacks = [f for p in plans(thunder.last_traces(jf)[-1]) for f in p.decision.fallbacks.items()]
+    assert fallbacks == [(1, "the kept dims of a column reduction are not one contiguous run for every operand")]
