@@ -60,6 +60,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("THUNDER_FUSER_LAUNCH_RUNS", "1",
             "`transforms()` replays runs of region calls and the matmuls between them as CUDA graphs",
             "when `transforms()` is called"),
+    Setting("THUNDER_FUSER_FAST_MATH", "1",
+            "in a kernel whose every store is fp16/bf16, `exp` as `ex2.approx` of one multiply and `reciprocal` as "
+            "`rcp.approx` (errors of one or two fp32 ulps, far below the stores' rounding; `cute_values.fast_exp`); "
+            "`0`: the exact sequences in every kernel", "at each compile"),
     Setting("THUNDER_FUSER_COMPILE_GC", "1",
             "hold Python's collector back while thunder compiles and a region builds its plan",
             "when thunder_fuser is imported"),

@@ -15,6 +15,7 @@ from collections import ChainMap
 
 import torch
 
+from thunder_fuser import config
 from thunder_fuser.backends import reference
 from thunder_fuser.backends.cute import cache, compile_workers
 from thunder_fuser.backends.cute.backend import arch_of, compile_options
@@ -405,6 +406,8 @@ def compile_members(members: list, device, defer: bool = False, directory=None):
     arch = arch_of(device)
     texts = tuple((prog.family, _program_text(prog, geo), geo.signature()) for prog, geo in members)
     key = ("v2", texts[0], arch) if len(members) == 1 else ("group v2", texts, arch)  # v2: kernels named by their ops
+    if not config.flag("THUNDER_FUSER_FAST_MATH"):  # the same programs, other instructions (``fast_math_for``)
+        key += ("exact math",)
 
     def build():
         import cutlass.cute as cute

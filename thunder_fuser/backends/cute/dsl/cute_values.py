@@ -17,6 +17,9 @@ import operator
 import cutlass
 import cutlass.cute as cute
 import torch
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm, vector
+from cutlass.cutlass_dsl import T
 
 from thunder_fuser.backends.cute.dsl import packed_narrowing
 from thunder_fuser.backends.cute.lower.expr import Load, Op, Reduce, Select, dtype_of
@@ -296,9 +299,9 @@ class Evaluator:
     """Evaluates expressions for one vector (``load`` gives a leaf's vector); row results
     come from ``row_value`` (shared by every chunk of a row)."""
 
-    # exp as ex2.approx of one multiply (``fast_exp``), set by a kernel whose stores of this
-    # evaluator's values are all fp16/bf16: see ``rows`` (a looped row's last pass)
-    fast_exp = False
+    # exp as ex2.approx of one multiply (``fast_exp``) and reciprocal as rcp.approx, set by a
+    # kernel whose stores of this evaluator's values are all fp16/bf16 (``fast_math_for``)
+    fast_math = False
 
     def __init__(self, load, row_value, select):
         self.load, self.row_value, self.select = load, row_value, select
@@ -338,8 +341,10 @@ class Evaluator:
             inv = 1.0 / b  # once per row value: a scalar where ``b`` is one
             q = a * inv
             r = q + (a - q * b) * inv
-        elif self.fast_exp and isinstance(e, Op) and e.op == "exp" and e.dtype == torch.float32:
+        elif self.fast_math and isinstance(e, Op) and e.op == "exp" and e.dtype == torch.float32:
             r = fast_exp(cast(self.ev(e.args[0]), torch.float32))
+        elif self.fast_math and isinstance(e, Op) and e.op == "reciprocal" and e.dtype == torch.float32:
+            r = fast_reciprocal(cast(self.ev(e.args[0]), torch.float32))
         elif isinstance(e, Op):
             r = apply_op(e, [self.ev(a) for a in e.args], [dtype_of(a) for a in e.args])
         elif isinstance(e, Select):
@@ -369,6 +374,38 @@ def fast_exp(x):
 
 
 _LOG2_E = math.log2(math.e)
+
+
+def fast_reciprocal(x):
+    """1 / x in fp32 as ``rcp.approx.f32``: one MUFU instruction where ``rcp.rn.f32`` takes a
+    Newton step and a slow-path branch. PTX gives its error as at most one ulp over the
+    whole range, subnormals included (no ``.ftz``), where the exact one rounds to half an
+    ulp: 2**-23 beside a bf16 or fp16 store's 2**-9 or 2**-12. A sigmoid is ``reciprocal(1 +
+    exp(-x))``: SwiGLU's backward read 3 and wrote 2 bf16 streams at 85% of Inductor's speed
+    with the exact sequences."""
+    if not isinstance(x, cute.TensorSSA):
+        return cutlass.Float32(_rcp_approx(cutlass.Float32(x).ir_value()))
+    # the DSL's vector rcp takes only ``.ftz`` (a subnormal divisor read as zero): one
+    # instruction a lane, the vector rebuilt from the lanes
+    lanes = [_rcp_approx(vector.extract(x, [], [i])) for i in range(cute.size(x.shape))]
+    return cute.TensorSSA(vector.from_elements(ir.VectorType.get([len(lanes)], T.f32()), lanes), x.shape,
+                          cutlass.Float32)
+
+
+def _rcp_approx(v):
+    return llvm.inline_asm(T.f32(), [v], "rcp.approx.f32 $0, $1;", "=f,f", has_side_effects=False,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def fast_math_for(store_dtypes) -> bool:
+    """May a kernel whose stores have these dtypes take ``exp`` and ``reciprocal`` as
+    approximations (``Evaluator.fast_math``)? Where every store rounds to fp16/bf16, an
+    error of a few fp32 ulps is far below that rounding (as far below as eager's own fp32
+    roundings, which the same cancellations amplify), unless ``THUNDER_FUSER_FAST_MATH=0``."""
+    from thunder_fuser import config
+
+    dts = list(store_dtypes)
+    return bool(dts) and all(dt in LOW_PRECISION for dt in dts) and config.flag("THUNDER_FUSER_FAST_MATH")
 
 
 def as_vector(x, V, dt):

@@ -34,7 +34,7 @@ from thunder_fuser.backends.cute.dsl.cute_memory import (
     when,
     with_coord_entry,
 )
-from thunder_fuser.backends.cute.dsl.cute_values import Evaluator, as_vector, cute_where
+from thunder_fuser.backends.cute.dsl.cute_values import Evaluator, as_vector, cute_where, fast_math_for
 from thunder_fuser.backends.cute.lower.expr import Load, Program, Select
 from thunder_fuser.backends.cute.tiling.geometry import vector_access
 from thunder_fuser.backends.cute.tiling.operands import Geometry
@@ -53,6 +53,7 @@ def pointwise_pieces(prog: Program, geo: Geometry):
     V, T = geo.vector, POINTWISE_THREADS
     rank = len(geo.outer) + 1
     ops = geo.operands
+    fast_math = fast_math_for(ops[slot].dtype for slot in geo.store_slot)
     ref_slot = geo.store_slot[0]
 
     outer_dim = geo.outer_select_dim  # a select along any other dim is along the vector dim
@@ -121,6 +122,7 @@ def pointwise_pieces(prog: Program, geo: Geometry):
                     cache.update(before)
 
         ev = Evaluator(load, None, select)
+        ev.fast_math = fast_math
         return [ev.ev(st.expr) for st in prog.stores]
 
     def store(vals, t2s, tvs, m, j, N, row_ok):
@@ -169,6 +171,7 @@ def _flat_pointwise_pieces(prog: Program, geo: Geometry):
     row and column."""
     V, T = geo.vector, POINTWISE_THREADS
     ops = geo.operands
+    fast_math = fast_math_for(ops[slot].dtype for slot in geo.store_slot)
     whole = [vector_access(geo, o) for o in ops]
 
     def setup(ts):
@@ -226,6 +229,7 @@ def _flat_pointwise_pieces(prog: Program, geo: Geometry):
                 return loaded[slot]
 
             ev = Evaluator(load, None, no_select)
+            ev.fast_math = fast_math
             for st, slot in zip(prog.stores, geo.store_slot):
                 frag = fragment((1, V), ops[slot].dtype)
                 store_values(frag, as_vector(ev.ev(st.expr), V, ops[slot].dtype))

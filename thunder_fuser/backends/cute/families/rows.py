@@ -44,8 +44,8 @@ from thunder_fuser.backends.cute.dsl.cute_memory import (
     vector_evaluator,
 )
 from thunder_fuser.backends.cute.dsl.cute_reduce import COMBINE, IDENTITY, VECTOR_OP, across_threads, shared_accumulators
-from thunder_fuser.backends.cute.dsl.cute_values import (LOW_PRECISION, Evaluator, as_vector, cast, cute_where, nan_maximum,
-                                               result_as)
+from thunder_fuser.backends.cute.dsl.cute_values import (Evaluator, as_vector, cast, cute_where, fast_math_for,
+                                               nan_maximum, result_as)
 from thunder_fuser.backends.cute.lower.expr import (
     Load,
     Op,
@@ -411,15 +411,15 @@ def build_rows(prog: Program, geo: Geometry):
         store_hint = "store" if "store" in CACHE_HINTS else None
 
         # the last pass of a long row is bound by its instructions (an exact exp is nine per
-        # element): where it stores only fp16/bf16, its exps are ex2.approx (``fast_exp``),
-        # whose error is far below their rounding. H100, ncu, the loss's row kernel over bf16
+        # element): where it stores only fp16/bf16, its exps are ex2.approx (``fast_exp``,
+        # ``fast_math_for``), whose error is far below their rounding. H100, ncu, the loss's row kernel over bf16
         # [8192, 128256] (online pass, then the gradient): 928M instructions, issue 57% busy, 64
         # registers and 26M spill requests, 1.82 ms
-        narrow = all(ops[slot].dtype in LOW_PRECISION for _, slot in full)
+        narrow = fast_math_for(ops[slot].dtype for _, slot in full)
 
         def store(vectors, edge_shift):  # the row's last read, and stores no one reads here: neither should stay in L2
             for ev, jj, keep in vectors:
-                ev.fast_exp = narrow
+                ev.fast_math = narrow
                 for st, slot in full:  # an edge vector's elements are written where they are the row's
                     store_vector(ev.ev(st.expr), ops[slot], t2s[slot], tvs[slot], m, jj, V, N,
                                   row_ok if edge_shift is not None else keep, hint=store_hint, shift=edge_shift)
