@@ -20,6 +20,7 @@ COLUMN_VAR_SPLITS_PER_SM = 2  # but a var's make at most this many splits per SM
 # bf16 [64, 256, 56, 56] took 0.070 ms with 1056 splits, 0.053 with 264 (H100,
 # scripts/column_probe.py). A sum's splits add cheaply: sum(0) over [262144, 256] bf16 took
 # 0.057 ms with 1056 splits and 0.071 with 264.
+COLUMN_MIN_ROWS = 4  # rows each thread of a split reads, at least
 
 
 def column_state_offsets(reduces) -> list[int]:
@@ -35,11 +36,11 @@ def column_state_offsets(reduces) -> list[int]:
 def column_splits(geo: Geometry, sm_count: int, var: bool = False) -> tuple[int, int]:
     """(splits of the reduced extent, rows per split) for a column reduction: enough blocks
     for COLUMN_BLOCKS_PER_SM per SM (at most COLUMN_VAR_SPLITS_PER_SM splits per SM where
-    ``var`` is among the reductions), each thread still reading at least four rows."""
+    ``var`` is among the reductions), each thread still reading at least COLUMN_MIN_ROWS rows."""
     m = math.prod(geo.outer)
     groups = COLUMN_THREADS // geo.col_vectors
     blocks_x = -(-(-(-geo.n // geo.vector)) // geo.col_vectors)
     most = COLUMN_VAR_SPLITS_PER_SM * sm_count if var else m
-    splits = max(1, min(-(-COLUMN_BLOCKS_PER_SM * sm_count // max(1, blocks_x)), most, -(-m // (4 * groups))))
+    splits = max(1, min(-(-COLUMN_BLOCKS_PER_SM * sm_count // max(1, blocks_x)), most, -(-m // (COLUMN_MIN_ROWS * groups))))
     per = max(1, -(-m // splits))
     return max(1, -(-m // per)), per
