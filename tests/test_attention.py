@@ -410,3 +410,132 @@ def test_a_middle_reduction_on_kernels_keeps_eagers_answer_on_values_built_to_br
     torch.testing.assert_close(x.grad, want_x.grad, equal_nan=True)
     fallbacks = [f for p in plans(thunder.last_traces(jf)[-1]) for f in p.decision.fallbacks.items()]
     assert fallbacks == [(1, "the kept dims of a column reduction are not one contiguous run for every operand")]
+
+
+class _ContiguousBlock(torch.nn.Module):
+    """transformers' SDPA path (ViT, BERT-style encoders): q, k and v projected apart, viewed
+    as heads, made contiguous before attention; the output transposed back and made
+    contiguous. ``reuse_q``: q's projection is also read after attention."""
+
+    def __init__(self, d=64, h=4, reuse_q=False, heads_innermost=False):
+        super().__init__()
+        self.h, self.reuse_q, self.heads_innermost = h, reuse_q, heads_innermost
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        b, s, d = x.shape
+        if self.heads_innermost:  # each head's dims h apart in memory: a view cuDNN cannot read
+            heads = lambda t: t.view(b, s, d // self.h, self.h).permute(0, 3, 1, 2)  # noqa: E731
+        else:
+            heads = lambda t: t.view(b, s, self.h, d // self.h).transpose(1, 2)  # noqa: E731
+        qp = self.q(x)
+        q, k, v = (heads(t).contiguous() for t in (qp, self.k(x), self.v(x)))
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).contiguous().reshape(b, s, d)
+        y = self.o(y)
+        return y + qp.sin() if self.reuse_q else y
+
+
+def _copies_of_a_step(jb, x) -> tuple[list, object]:
+    """The aten copies (``clone``, ``copy_``) one jitted step runs, and its output."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    copies = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.clone.default, torch.ops.aten.copy_.default):
+                copies.append((func.__name__, tuple(args[0].shape)))
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        y = jb(x)
+        y.backward(torch.ones_like(y))
+    return copies, y
+
+
+@pytest.mark.parametrize("reuse_q,heads_innermost", [(False, False), (True, False), (False, True)],
+                         ids=["projections die at attention", "q's projection read after", "head dims apart"])
+def test_contiguous_operands_of_attention_are_views_of_projections_that_die_there(reuse_q, heads_innermost):
+    """``.contiguous()`` of q, k and v viewed as heads (a copy each in eager) is a view where
+    the projection dies there: attention reads the projection's layout, lays its output and
+    gradients out like it, and the output's ``.contiguous()``, the gradients' reshapes back
+    to ``[b, s, h * d]`` and the output gradient's relayout copy nothing either (hf-ViT's
+    H100 step: 1.0 ms of such copies in 29). Where q's projection is read after attention,
+    q's copy stays (writing over it would be seen). With each head's dims apart in memory the
+    views are made too (the CPU's attention reads any strides; cuDNN's gets a copy: the
+    ``cuda`` test below). Values and gradients as eager's."""
+    torch.manual_seed(0)
+    block = _ContiguousBlock(reuse_q=reuse_q, heads_innermost=heads_innermost)
+    want_block = copy.deepcopy(block)
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    want_x = x.detach().clone().requires_grad_()
+    jb = thunder.jit(block, executors=thunder_fuser.executors())
+    jb(x).sum().backward()  # compiled; now watch one step
+    x.grad = None
+    block.zero_grad()
+    copies, y = _copies_of_a_step(jb, x)
+    want = want_block(want_x)
+    want.backward(torch.ones_like(want))
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(x.grad, want_x.grad)
+    for p, w in zip(block.parameters(), want_block.parameters()):
+        torch.testing.assert_close(p.grad, w.grad)
+    # with q's projection alive, its copy remains, and q's layout then differs from the
+    # output's: the CPU path lays the gradients out as cuDNN would, which copies
+    if not heads_innermost:
+        assert (copies == []) if not reuse_q else copies, copies
+    notes = "\n".join(n for v in thunder.last_traces(jb)[-1].python_ctx().values()
+                      if hasattr(v, "plans") for p in v.plans.values() for n in p.decision.region.notes)
+    assert notes.count("x.contiguous() as a view") == (2 if reuse_q else 3), notes
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("heads_innermost", [False, True], ids=["heads inside the sequence", "head dims apart"])
+def test_contiguous_operands_made_views_reach_cudnn_as_it_reads_them(heads_innermost):
+    """On the GPU, bf16: the views of the projections go to cuDNN as they are, and one whose
+    head dims lie apart in memory (last stride not 1) is copied for it
+    (``attention._dense_last``); forward and backward as eager's."""
+    torch.manual_seed(0)
+    block = _ContiguousBlock(d=512, h=8, heads_innermost=heads_innermost).cuda().to(torch.bfloat16)
+    want_block = copy.deepcopy(block)
+    x = torch.randn(2, 256, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    want_x = x.detach().clone().requires_grad_()
+    jb = thunder.jit(block, executors=thunder_fuser.executors())
+    g = torch.randn(2, 256, 512, device="cuda", dtype=torch.bfloat16)
+    y = jb(x)
+    y.backward(g)
+    want = want_block(want_x)
+    want.backward(g)
+    assert "fuser_attention_forward" in str(thunder.last_traces(jb)[-1])
+    torch.testing.assert_close(y, want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(x.grad, want_x.grad, atol=2e-2, rtol=2e-2)
+    for p, w in zip(block.parameters(), want_block.parameters()):
+        torch.testing.assert_close(p.grad, w.grad, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("strided", ["q", "k", "v", "all"])
+def test_attention_operands_whose_last_dim_is_strided_keep_eagers_values(strided):
+    """SDPA of operands whose head dims lie apart in memory (a permute, no ``contiguous()``):
+    torch's CPU flash kernel, which our attention calls directly, read such operands wrongly
+    (every output and gradient off, silently) where eager's SDPA picks its math kernel; each
+    operand is now handed over with a dense last dim (``attention._dense_last``)."""
+    torch.manual_seed(0)
+    b, s, h, d = 2, 16, 4, 16
+
+    def fn(xq, xk, xv):
+        apart = lambda t: t.view(b, s, d, h).permute(0, 3, 1, 2)  # noqa: E731
+        heads = lambda t: t.view(b, s, h, d).transpose(1, 2)  # noqa: E731
+        q, k, v = ((apart if strided in (name, "all") else heads)(t) for name, t in zip("qkv", (xq, xk, xv)))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    xs = [torch.randn(b, s, h * d, requires_grad=True) for _ in range(3)]
+    want_xs = [x.detach().clone().requires_grad_() for x in xs]
+    jfn = thunder.jit(fn, executors=thunder_fuser.executors())
+    y, want = jfn(*xs), fn(*want_xs)
+    assert "fuser_attention_forward" in str(thunder.last_traces(jfn)[-1])
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(y)
+    y.backward(g)
+    want.backward(g)
+    for x, w in zip(xs, want_xs):
+        torch.testing.assert_close(x.grad, w.grad)

@@ -74,7 +74,21 @@ def cudnn_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
     return dense.copy_(base).expand(sizes)
 
 
+def _dense_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as cuDNN reads an operand: its last dim dense and every other stride (of a dim
+    longer than one) a multiple of 16 bytes, else a contiguous copy. torch's CPU flash kernel
+    needs the dense last dim too: handed a q whose last stride was 4 it returned wrong values,
+    where eager's SDPA picks its math kernel. A region may hand over a view where the program
+    asked for ``contiguous()`` (``layout.contiguous_for_attention_as_views``); a projection's
+    view always qualifies."""
+    align = max(1, 16 // t.element_size())
+    if t.stride(-1) == 1 and all(s % align == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1):
+        return t
+    return t.contiguous()
+
+
 def _forward(q, k, v, bias, is_causal: bool, scale: float):
+    q, k, v = (_dense_last(t) for t in (q, k, v))
     if q.device.type == "cuda":
         out, lse, _, _, _, _, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
             q, k, v, cudnn_bias(bias), True, 0.0, is_causal, False, scale=scale)
@@ -100,6 +114,7 @@ def _backward_meta(g, q, k, v, out, lse, seed, offset, bias, is_causal: bool, sc
 
 
 def _backward(g, q, k, v, out, lse, seed, offset, bias, is_causal: bool, scale: float):
+    q, k, v = (_dense_last(t) for t in (q, k, v))  # as the forward read them
     if q.device.type == "cuda":
         # cuDNN's backward reads the output's gradient in the output's strides: torch 2.11
         # builds and caches its plan per shape and q/k/v/out strides, so a gradient laid out
@@ -110,7 +125,7 @@ def _backward(g, q, k, v, out, lse, seed, offset, bias, is_causal: bool, scale: 
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             g, q, k, v, out, lse, seed, offset, cudnn_bias(bias), None, None, q.shape[2], k.shape[2], 0.0, is_causal, scale=scale)
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        g, q, k, v, out, lse, 0.0, is_causal, attn_mask=bias, scale=scale)
+        _dense_last(g), q, k, v, out, lse, 0.0, is_causal, attn_mask=bias, scale=scale)
     return tuple(_laid_out_like(x, gx) for x, gx in zip((q, k, v), grads))
 
 

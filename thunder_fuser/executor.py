@@ -50,7 +50,7 @@ from thunder_fuser.ir.same_values import same_values
 from thunder_fuser.ir.scalar_broadcasts import read_scalars_unbroadcast
 from thunder_fuser.ir.small_reductions import small_reductions_as_pointwise
 from thunder_fuser.backends.cute import compile_workers
-from thunder_fuser.layout import attention_reads, matmul_reads
+from thunder_fuser.layout import attention_reads, contiguous_for_attention_as_views, matmul_reads
 from thunder_fuser.inspect.printing import op_line, segment_lines
 from thunder_fuser.runtime.region_runner import RegionRunner, region_runner
 from thunder_fuser.runtime.straight_line import StraightLineWarning
@@ -171,6 +171,7 @@ class FuserExecutor(FusionExecutor):
         small_reductions_as_pointwise(ir)
         long_reductions_in_stages(ir)
         reshape_first(ir)
+        contiguous_for_attention_as_views(ir)
         segments = segment_region(ir)
         debug.dump("segments", lambda: "\n".join([title] + segment_lines(segments)))
         runner = region_runner(ir, segments)
