@@ -381,8 +381,9 @@ def fast_reciprocal(x):
     Newton step and a slow-path branch. PTX gives its error as at most one ulp over the
     whole range, subnormals included (no ``.ftz``), where the exact one rounds to half an
     ulp: 2**-23 beside a bf16 or fp16 store's 2**-9 or 2**-12. A sigmoid is ``reciprocal(1 +
-    exp(-x))``: SwiGLU's backward read 3 and wrote 2 bf16 streams at 85% of Inductor's speed
-    with the exact sequences."""
+    exp(-x))``. H100, bf16, forward and backward kernel us with fast math against exact:
+    erf-GELU [4096, 12288] 181.7 / 188.4 (Triton 185.3); SwiGLU [4096, 8192] 177.9 / 177.1
+    and tanh-GELU [4096, 10240] 141.3 / 141.5, at copy bandwidth either way."""
     if not isinstance(x, cute.TensorSSA):
         return cutlass.Float32(_rcp_approx(cutlass.Float32(x).ir_value()))
     # the DSL's vector rcp takes only ``.ftz`` (a subnormal divisor read as zero): one

@@ -412,9 +412,9 @@ def build_rows(prog: Program, geo: Geometry):
 
         # the last pass of a long row is bound by its instructions (an exact exp is nine per
         # element): where it stores only fp16/bf16, its exps are ex2.approx (``fast_exp``,
-        # ``fast_math_for``), whose error is far below their rounding. H100, ncu, the loss's row kernel over bf16
-        # [8192, 128256] (online pass, then the gradient): 928M instructions, issue 57% busy, 64
-        # registers and 26M spill requests, 1.82 ms
+        # ``fast_math_for``), whose error is far below their rounding. H100, ncu, the loss's
+        # row kernel over bf16 [8192, 128256] (online pass, then the gradient): 928M
+        # instructions, issue 57% busy, 64 registers and 26M spill requests, 1.82 ms
         narrow = fast_math_for(ops[slot].dtype for _, slot in full)
 
         def store(vectors, edge_shift):  # the row's last read, and stores no one reads here: neither should stay in L2
