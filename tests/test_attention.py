@@ -539,3 +539,47 @@ def test_attention_operands_whose_last_dim_is_strided_keep_eagers_values(strided
     want.backward(g)
     for x, w in zip(xs, want_xs):
         torch.testing.assert_close(x.grad, w.grad)
+
+
+def _heads(t, h=4):
+    b, s, d = t.shape
+    return t.view(b, s, h, d // h).transpose(1, 2)
+
+
+BREAK_THE_VIEW_RULE = {
+    # the contiguous copy written in place: the trace writes in place, nothing is a view
+    "written in place": lambda qp, kp, vp: F.scaled_dot_product_attention(
+        _heads(qp.sin()).contiguous().mul_(0.5), _heads(kp.sin()).contiguous(), _heads(vp.sin()).contiguous()),
+    # the projections are the caller's tensors (inputs of the trace): they are not the trace's to alias
+    "of the caller's tensors": lambda qp, kp, vp: F.scaled_dot_product_attention(
+        _heads(qp).contiguous(), _heads(kp).contiguous(), _heads(vp).contiguous()),
+    # q handed back to the caller, who sees its strides: contiguous as eager's
+    "handed back": lambda qp, kp, vp: (lambda q: (F.scaled_dot_product_attention(
+        q, _heads(kp.sin()).contiguous(), _heads(vp.sin()).contiguous()), q))(_heads(qp.sin()).contiguous()),
+    # q also read by a reduction after attention: it reads whatever layout q has
+    "read by a sum too": lambda qp, kp, vp: (lambda q: F.scaled_dot_product_attention(
+        q, _heads(kp.sin()).contiguous(), _heads(vp.sin()).contiguous()) + q.sum(-1, keepdim=True))(
+        _heads(qp.sin()).contiguous()),
+}
+
+
+@pytest.mark.parametrize("case", list(BREAK_THE_VIEW_RULE))
+def test_contiguous_before_attention_keeps_eagers_values_strides_and_inputs_where_the_view_rule_is_pushed(case):
+    """Programs the view rule was not written for, around its conditions: values, gradients
+    and the strides of what the caller gets back as eager's, the caller's tensors unchanged."""
+    torch.manual_seed(0)
+    fn = BREAK_THE_VIEW_RULE[case]
+    xs = [torch.randn(2, 16, 64, requires_grad=True) for _ in range(3)]
+    before = [x.detach().clone() for x in xs]
+    want_xs = [x.detach().clone().requires_grad_() for x in xs]
+    jfn = thunder.jit(fn, executors=thunder_fuser.executors())
+    got, want = jfn(*xs), fn(*want_xs)
+    got, want = (r if isinstance(r, tuple) else (r,) for r in (got, want))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+        assert g.stride() == w.stride(), (g.stride(), w.stride())
+    sum(g.sum() for g in got).backward()
+    sum(w.sum() for w in want).backward()
+    for x, w, b in zip(xs, want_xs, before):
+        torch.testing.assert_close(x.grad, w.grad)
+        assert torch.equal(x.detach(), b)

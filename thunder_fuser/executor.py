@@ -44,7 +44,7 @@ from thunder_fuser.ir.cat_before_reshape import cat_before_reshape, pad_before_r
 from thunder_fuser.ir.empty_pads import pads_of_empty_as_numbers
 from thunder_fuser.ir.from_thunder import as_identity, build_region, flatten_to_supported
 from thunder_fuser.ir.long_reductions import long_reductions_in_stages
-from thunder_fuser.ir.ops import SUPPORTED
+from thunder_fuser.ir.ops import REDUCTION, SUPPORTED
 from thunder_fuser.ir.reshape_first import reshape_first
 from thunder_fuser.ir.same_values import same_values
 from thunder_fuser.ir.scalar_broadcasts import read_scalars_unbroadcast
@@ -235,7 +235,7 @@ class FuserExecutor(FusionExecutor):
         handed_out = _handed_out(out)
         self._matmul_reads = {k: v for k, v in matmul_reads(_matmul_calls(out.bound_symbols)).items()
                               if k not in handed_out}
-        self._attention_reads = attention_reads(_calls(out.bound_symbols)) - handed_out
+        self._attention_reads = attention_reads(_calls(out.bound_symbols)) - _layouts_handed_out(out, handed_out)
         self._copyable = _unobserved_aliasing(out)
         try:
             self._dead_inputs = dead_inputs(out)
@@ -312,6 +312,40 @@ def _calls(bsyms):
     """``(op name, argument names)`` of each call in ``bsyms`` (None for a non-tensor)."""
     for b in bsyms:
         yield b.sym.name, tuple(a.name if isinstance(a, TensorProxy) else None for a in b.args)
+
+
+# attention op -> the argument positions whose layouts its outputs follow: the forward's
+# output is laid out like its query, the backward's gradients like q, k and v
+_LAYOUT_FROM = {"fuser_attention_forward": (0,), "fuser_attention_backward": (1, 2, 3)}
+
+
+def _layouts_handed_out(trace: TraceCtx, handed_out: frozenset[str]) -> frozenset[str]:
+    """Names whose layout decides the strides of a tensor the caller receives: the handed-out
+    tensors and, back from each, the tensors what made it lays its output out from (a
+    region's inputs, a view's source, attention's query), up to a matmul, whose output is laid
+    out afresh. Attention's operands among them keep the program's layout: a region's
+    output made of attention's and handed back came out heads inside the sequence where
+    eager's is contiguous."""
+    kept = set(handed_out)
+    _follow_layouts_back(trace.bound_symbols, kept)
+    return frozenset(kept)
+
+
+def _follow_layouts_back(bsyms, kept: set) -> None:
+    """Add to ``kept`` (names) the tensors the layouts of those in it follow, through
+    ``bsyms`` backward (``_layouts_handed_out``); inside a fusion, through its prims, where a
+    reduction's result is laid out afresh (``layout/allocation_order``) as a matmul's is."""
+    for b in reversed(bsyms):
+        if b.sym.name in _MATMUL_NAMES or b.sym.name in REDUCTION or not any(o.name in kept for o in b.flat_proxy_outs):
+            continue
+        if b.sym.is_fusion:
+            inside = {o.name for o in b.flat_proxy_outs if o.name in kept}
+            _follow_layouts_back(b.subsymbols, inside)
+            kept.update(a.name for a in b.flat_proxy_args if a.name in inside)
+            continue
+        positions = _LAYOUT_FROM.get(b.sym.name)
+        args = b.flat_proxy_args if positions is None else [b.args[i] for i in positions]
+        kept.update(a.name for a in args if isinstance(a, TensorProxy))
 
 
 def _handed_out(trace: TraceCtx) -> frozenset[str]:
