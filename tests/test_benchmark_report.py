@@ -390,6 +390,7 @@ def test_zoo_names_each_torch_kernel_outside_our_regions_and_why():
     # a fill is explained only by the op that launched it
     assert left_outside_why(fill) == left_outside_why(fill, "aten::add") == "unexplained"
     assert "embedding" in left_outside_why(fill, "aten::embedding_backward")
+    assert "convolution" in left_outside_why(copy, "aten::convolution")  # inside an op none of ours runs
 
 
 def test_zoo_ties_each_torch_kernel_to_the_op_that_launched_it():
