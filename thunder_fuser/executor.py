@@ -322,10 +322,10 @@ _LAYOUT_FROM = {"fuser_attention_forward": (0,), "fuser_attention_backward": (1,
 def _layouts_handed_out(trace: TraceCtx, handed_out: frozenset[str]) -> frozenset[str]:
     """Names whose layout decides the strides of a tensor the caller receives: the handed-out
     tensors and, back from each, the tensors what made it lays its output out from (a
-    region's inputs, a view's source, attention's query), up to a matmul, whose output is laid
-    out afresh. Attention's operands among them keep the program's layout: a region's
-    output made of attention's and handed back came out heads inside the sequence where
-    eager's is contiguous."""
+    region's inputs, a view's source, attention's query), up to a matmul or a reduction,
+    whose results are laid out afresh. Attention's operands among them keep the program's
+    layout: a region's output made of attention's and handed back came out heads inside the
+    sequence where eager's is contiguous."""
     kept = set(handed_out)
     _follow_layouts_back(trace.bound_symbols, kept)
     return frozenset(kept)
