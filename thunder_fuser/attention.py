@@ -61,30 +61,37 @@ def cudnn_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
     mask out otherwise (a prefill's causal mask built from ``cache_position`` came out
     column-major, and cuDNN failed on it). The copy is of the mask's own elements: its
     broadcast dims stay broadcast, and its rows are padded to 16 bytes, as torch's are."""
-    if bias is None:
-        return None
+    if bias is None or _cudnn_reads(bias):
+        return bias
     align = max(1, 16 // bias.element_size())
     strides, sizes = bias.stride(), bias.shape
-    if (strides[-1] == 1 or sizes[-1] == 1) and all(
-            s % align == 0 for n, s in zip(sizes[:-1], strides[:-1]) if n != 1 and s != 0):
-        return bias
     base = bias[tuple(slice(0, 1) if s == 0 else slice(None) for s in strides)]
     keys = sizes[-1]
     dense = base.new_empty((*base.shape[:-1], -(-keys // align) * align))[..., :keys]
     return dense.copy_(base).expand(sizes)
 
 
+def _cudnn_reads(t: torch.Tensor) -> bool:
+    """Does cuDNN read ``t`` as it is: its last dim dense (or of one element) and every other
+    stride of a dim longer than one a multiple of 16 bytes (a broadcast's 0 is)? An operand,
+    the bias, and torch's CPU flash kernel (which needs the dense last dim) ask the same."""
+    strides, sizes = t.stride(), t.shape
+    if strides[-1] != 1 and sizes[-1] != 1:
+        return False
+    align = 16 // t.element_size() or 1
+    for n, s in zip(sizes[:-1], strides[:-1]):
+        if n != 1 and s % align:
+            return False
+    return True
+
+
 def _dense_last(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as cuDNN reads an operand: its last dim dense and every other stride (of a dim
-    longer than one) a multiple of 16 bytes, else a contiguous copy. torch's CPU flash kernel
-    needs the dense last dim too: handed a q whose last stride was 4 it returned wrong values,
-    where eager's SDPA picks its math kernel. A region may hand over a view where the program
-    asked for ``contiguous()`` (``layout.contiguous_for_attention_as_views``); a projection's
-    view always qualifies."""
-    align = max(1, 16 // t.element_size())
-    if t.stride(-1) == 1 and all(s % align == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n != 1):
-        return t
-    return t.contiguous()
+    """``t`` as attention's kernels read an operand (``_cudnn_reads``), else a contiguous copy.
+    torch's CPU flash kernel, handed a q whose last stride was 4, returned wrong values where
+    eager's SDPA picks its math kernel. A region may hand over a view where the program asked
+    for ``contiguous()`` (``layout.contiguous_for_attention_as_views``); a projection's view
+    always qualifies."""
+    return t if _cudnn_reads(t) else t.contiguous()
 
 
 def _forward(q, k, v, bias, is_causal: bool, scale: float):

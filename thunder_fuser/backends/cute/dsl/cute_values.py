@@ -21,6 +21,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm, vector
 from cutlass.cutlass_dsl import T
 
+from thunder_fuser import config
 from thunder_fuser.backends.cute.dsl import packed_narrowing
 from thunder_fuser.backends.cute.lower.expr import Load, Op, Reduce, Select, dtype_of
 from thunder_fuser.backends.cute.unsupported import Unsupported
@@ -341,10 +342,8 @@ class Evaluator:
             inv = 1.0 / b  # once per row value: a scalar where ``b`` is one
             q = a * inv
             r = q + (a - q * b) * inv
-        elif self.fast_math and isinstance(e, Op) and e.op == "exp" and e.dtype == torch.float32:
-            r = fast_exp(cast(self.ev(e.args[0]), torch.float32))
-        elif self.fast_math and isinstance(e, Op) and e.op == "reciprocal" and e.dtype == torch.float32:
-            r = fast_reciprocal(cast(self.ev(e.args[0]), torch.float32))
+        elif self.fast_math and isinstance(e, Op) and e.op in _FAST and e.dtype == torch.float32:
+            r = _FAST[e.op](cast(self.ev(e.args[0]), torch.float32))
         elif isinstance(e, Op):
             r = apply_op(e, [self.ev(a) for a in e.args], [dtype_of(a) for a in e.args])
         elif isinstance(e, Select):
@@ -398,13 +397,14 @@ def _rcp_approx(v):
                            is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+_FAST = {"exp": fast_exp, "reciprocal": fast_reciprocal}  # fp32 ops an Evaluator with fast_math approximates
+
+
 def fast_math_for(store_dtypes) -> bool:
     """May a kernel whose stores have these dtypes take ``exp`` and ``reciprocal`` as
     approximations (``Evaluator.fast_math``)? Where every store rounds to fp16/bf16, an
     error of a few fp32 ulps is far below that rounding (as far below as eager's own fp32
     roundings, which the same cancellations amplify), unless ``THUNDER_FUSER_FAST_MATH=0``."""
-    from thunder_fuser import config
-
     dts = list(store_dtypes)
     return bool(dts) and all(dt in LOW_PRECISION for dt in dts) and config.flag("THUNDER_FUSER_FAST_MATH")
 
