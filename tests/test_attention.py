@@ -5,6 +5,7 @@ flash kernel laid out as cuDNN's outputs are; the ``cuda`` test runs cuDNN's att
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import thunder
@@ -484,9 +485,14 @@ def test_contiguous_operands_of_attention_are_views_of_projections_that_die_ther
     # output's: the CPU path lays the gradients out as cuDNN would, which copies
     if not heads_innermost:
         assert (copies == []) if not reuse_q else copies, copies
-    notes = "\n".join(n for v in thunder.last_traces(jb)[-1].python_ctx().values()
-                      if hasattr(v, "plans") for p in v.plans.values() for n in p.decision.region.notes)
+    notes = _view_notes(jb)
     assert notes.count("x.contiguous() as a view") == (2 if reuse_q else 3), notes
+
+
+def _view_notes(jfn) -> str:
+    """The region notes of the last forward trace of ``jfn``."""
+    return "\n".join(n for v in thunder.last_traces(jfn)[-1].python_ctx().values()
+                     if hasattr(v, "plans") for p in v.plans.values() for n in p.decision.region.notes)
 
 
 @pytest.mark.cuda
@@ -546,40 +552,75 @@ def _heads(t, h=4):
     return t.view(b, s, h, d // h).transpose(1, 2)
 
 
+_W = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) / 8
+
+
+def _project(t):
+    """A projection the caller's tensor goes through (its gradient then ends at a matmul)."""
+    return t @ _W.to(t.dtype)
+
+
 BREAK_THE_VIEW_RULE = {
     # the contiguous copy written in place: the trace writes in place, nothing is a view
     "written in place": lambda qp, kp, vp: F.scaled_dot_product_attention(
-        _heads(qp.sin()).contiguous().mul_(0.5), _heads(kp.sin()).contiguous(), _heads(vp.sin()).contiguous()),
+        _heads(_project(qp)).contiguous().mul_(0.5), _heads(_project(kp)).contiguous(), _heads(_project(vp)).contiguous()),
     # the projections are the caller's tensors (inputs of the trace): they are not the trace's to alias
     "of the caller's tensors": lambda qp, kp, vp: F.scaled_dot_product_attention(
         _heads(qp).contiguous(), _heads(kp).contiguous(), _heads(vp).contiguous()),
     # q handed back to the caller, who sees its strides: contiguous as eager's
     "handed back": lambda qp, kp, vp: (lambda q: (F.scaled_dot_product_attention(
-        q, _heads(kp.sin()).contiguous(), _heads(vp.sin()).contiguous()), q))(_heads(qp.sin()).contiguous()),
+        q, _heads(_project(kp)).contiguous(), _heads(_project(vp)).contiguous()), q))(_heads(_project(qp)).contiguous()),
     # q also read by a reduction after attention: it reads whatever layout q has
     "read by a sum too": lambda qp, kp, vp: (lambda q: F.scaled_dot_product_attention(
-        q, _heads(kp.sin()).contiguous(), _heads(vp.sin()).contiguous()) + q.sum(-1, keepdim=True))(
-        _heads(qp.sin()).contiguous()),
+        q, _heads(_project(kp)).contiguous(), _heads(_project(vp)).contiguous()) + q.sum(-1, keepdim=True))(
+        _heads(_project(qp)).contiguous()),
+    # one projection read as q and as k (two views of one tensor that dies there): neither is made a view
+    "q and k of one projection": lambda qp, kp, vp: (lambda p: F.scaled_dot_product_attention(
+        _heads(p).contiguous(), _heads(p).contiguous(), _heads(_project(vp)).contiguous()))(_project(qp) + kp),
+    # the view rule's own case, its output scaled and handed back: k and v are views, q keeps its copy
+    "views, scaled after": lambda qp, kp, vp: F.scaled_dot_product_attention(
+        _heads(_project(qp)).contiguous(), _heads(_project(kp)).contiguous(), _heads(_project(vp)).contiguous()) * 3.0,
 }
 
 
+def _break_the_view_rule_inputs(values: str, dtype) -> list:
+    """The projections' inputs: normal, or huge (1e30, one 3e38 that the projection makes
+    infinite), with a NaN and an inf in v's (each poisons what reads it, in eager as here)."""
+    xs = [torch.randn(2, 16, 64) for _ in range(3)]
+    if values == "huge, NaN and inf":
+        xs[0] *= 1e30
+        xs[1][0, 3, 5] = 3e38
+        xs[2][1, 7, 2], xs[2][0, 1, 60] = math.nan, math.inf
+    return [x.to(dtype).requires_grad_() for x in xs]
+
+
+@pytest.mark.parametrize("values,dtype", [("normal", torch.float32), ("normal", torch.bfloat16),
+                                          ("huge, NaN and inf", torch.float32)], ids=["fp32", "bf16", "huge NaN inf"])
 @pytest.mark.parametrize("case", list(BREAK_THE_VIEW_RULE))
-def test_contiguous_before_attention_keeps_eagers_values_strides_and_inputs_where_the_view_rule_is_pushed(case):
-    """Programs the view rule was not written for, around its conditions: values, gradients
-    and the strides of what the caller gets back as eager's, the caller's tensors unchanged."""
+def test_contiguous_before_attention_keeps_eagers_values_strides_and_inputs_where_the_view_rule_is_pushed(
+        case, values, dtype):
+    """Programs the view rule was not written for, around its conditions, in fp32 and bf16 and
+    on huge, NaN and infinite values: values (NaN where eager's), gradients and the strides of
+    what the caller gets back as eager's, the caller's tensors unchanged."""
     torch.manual_seed(0)
     fn = BREAK_THE_VIEW_RULE[case]
-    xs = [torch.randn(2, 16, 64, requires_grad=True) for _ in range(3)]
+    xs = _break_the_view_rule_inputs(values, dtype)
     before = [x.detach().clone() for x in xs]
     want_xs = [x.detach().clone().requires_grad_() for x in xs]
     jfn = thunder.jit(fn, executors=thunder_fuser.executors())
     got, want = jfn(*xs), fn(*want_xs)
     got, want = (r if isinstance(r, tuple) else (r,) for r in (got, want))
+    tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(g, w, equal_nan=True, **tol)
         assert g.stride() == w.stride(), (g.stride(), w.stride())
     sum(g.sum() for g in got).backward()
     sum(w.sum() for w in want).backward()
     for x, w, b in zip(xs, want_xs, before):
-        torch.testing.assert_close(x.grad, w.grad)
-        assert torch.equal(x.detach(), b)
+        torch.testing.assert_close(x.grad, w.grad, equal_nan=True, **tol)
+        assert torch.allclose(x.detach(), b, rtol=0, atol=0, equal_nan=True)  # unchanged, bit for bit
+    views = _view_notes(jfn).count("x.contiguous() as a view")
+    # k's and v's copies are views wherever their projections die there; q's stays wherever the
+    # caller's output follows its layout (attention lays its output out like q), or it is handed back
+    expected = {"views, scaled after": 2, "q and k of one projection": 1, "handed back": 2, "read by a sum too": 2}
+    assert views == expected.get(case, 0), (case, views)

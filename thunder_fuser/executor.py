@@ -314,9 +314,9 @@ def _calls(bsyms):
         yield b.sym.name, tuple(a.name if isinstance(a, TensorProxy) else None for a in b.args)
 
 
-# attention op -> the argument positions whose layouts its outputs follow: the forward's
-# output is laid out like its query, the backward's gradients like q, k and v
-_LAYOUT_FROM = {"fuser_attention_forward": (0,), "fuser_attention_backward": (1, 2, 3)}
+# attention op -> for each output, the argument position whose layout it follows (None: laid
+# out afresh): the forward's output like its query, the backward's gradients like q, k, v
+_LAYOUT_FROM = {"fuser_attention_forward": (0, None, None, None), "fuser_attention_backward": (1, 2, 3)}
 
 
 def _layouts_handed_out(trace: TraceCtx, handed_out: frozenset[str]) -> frozenset[str]:
@@ -344,7 +344,10 @@ def _follow_layouts_back(bsyms, kept: set) -> None:
             kept.update(a.name for a in b.flat_proxy_args if a.name in inside)
             continue
         positions = _LAYOUT_FROM.get(b.sym.name)
-        args = b.flat_proxy_args if positions is None else [b.args[i] for i in positions]
+        if positions is None:
+            args = b.flat_proxy_args
+        else:
+            args = [b.args[i] for o, i in zip(b.flat_proxy_outs, positions) if o.name in kept and i is not None]
         kept.update(a.name for a in args if isinstance(a, TensorProxy))
 
 
