@@ -54,6 +54,16 @@ def test_the_same_backward_storing_fp32_keeps_the_exact_exp_and_reciprocal(ptx_c
     assert "rcp.approx" not in ptx and ptx.count("rcp.rn.f32") == ptx.count("fma.rm.f32") == 4
 
 
+def test_a_kernel_storing_fp32_beside_bf16_keeps_the_exact_exp_and_reciprocal(ptx_compile):
+    """One fp32 store is enough: its values must be as exact as eager's fp32."""
+    def mixed(gate, up, grad):
+        a, b = swiglu_backward(gate, up, grad)
+        return a, torch.sigmoid(gate.float()) * up.float()
+
+    ptx = _kernel_ptx(mixed)
+    assert "rcp.approx" not in ptx and ptx.count("rcp.rn.f32") > 0 and ptx.count("fma.rm.f32") > 0
+
+
 def test_fast_math_off_keeps_the_exact_sequences_in_16_bits(ptx_compile, monkeypatch):
     monkeypatch.setenv("THUNDER_FUSER_FAST_MATH", "0")
     ptx = _kernel_ptx(swiglu_backward)
