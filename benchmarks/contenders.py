@@ -63,7 +63,9 @@ def wrap(kind: str, fn):
     replayed by ``thunder_fuser.graphed``; ``... no-region-graphs``: each region's launches
     made plainly, not replayed as a graph; ``... no-launch-runs``: region calls and the
     matmuls between them not replayed as one graph, ``thunder_transforms/launch_runs.py``;
-    ``... no-recompute``: with ``THUNDER_FUSER_RECOMPUTE=0``)."""
+    ``... no-recompute``: with ``THUNDER_FUSER_RECOMPUTE=0``; ``... no-gqa`` and ``... gqa``:
+    ``THUNDER_FUSER_GQA`` at ``0`` and ``1``, grouped-query K/V expanded before attention or
+    read at their own heads on CUDA too, ``passes/grouped_query_attention.py``)."""
     if kind == "eager":
         return fn
     if kind == "torch.compile":
@@ -86,6 +88,9 @@ def wrap(kind: str, fn):
         return _called_within(jfn, turned_off)
     if kind.endswith("no-recompute"):  # nothing made again in the backward (``passes/recompute_in_backward.py``)
         return _called_within(jfn, lambda: _setting("THUNDER_FUSER_RECOMPUTE", "0"))
+    for suffix, value in ((" no-gqa", "0"), (" gqa", "1")):
+        if kind.endswith(suffix):
+            return _called_within(jfn, lambda value=value: _setting("THUNDER_FUSER_GQA", value))
     return thunder_fuser.graphed(jfn) if kind.endswith("graphed") else jfn
 
 

@@ -182,10 +182,10 @@ LAYERNORM_BACKWARD = (
     "#   t63 = prims.mul(-0.5, t80)\n"
     "#   t65 = prims.mul(t63, t64)\n"
     "#   t69 = prims.sum(t74, (1,))\n"
-    "#   t48 = prims.sum(t65, (1,))\n"
+    "#   t48 = prims.reshape(t65, (4,))\n"
     "#   t71 = prims.broadcast_in_dim(t69, [4, 1], [0])\n"
     "#   t36 = prims.broadcast_in_dim(t48, [4, 1], [0])\n"
-    "#   t53 = prims.sum(t71, (1,))\n"
+    "#   t53 = prims.reshape(t71, (4,))\n"
     "#   t37 = prims.broadcast_in_dim(t36, (4, 32), (0, 1))\n"
     "#   t40 = prims.mul(2.0, t37)\n"
     "#   t33 = prims.broadcast_in_dim(t53, [4, 1], [0])\n"
@@ -210,7 +210,8 @@ def test_layernorm_forward_and_backward():
     grad = torch.randn_like(out)
     out.backward(grad)
     # backward: one segment, the input gradient's row sums and the weight and bias
-    # gradients' sums per column (over the rows) side by side, so x and grad are read once
+    # gradients' sums per column (over the rows) side by side, so x and grad are read once;
+    # the sums over a dim of one (t48, t53) are views (``ir/small_reductions.py``)
     assert fusion_block(thunder.last_backward_traces(jfn)[-1], "fuser1") == LAYERNORM_BACKWARD
     ref = [a.detach().clone().requires_grad_() for a in args]
     layernorm(*ref).backward(grad)

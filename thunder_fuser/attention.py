@@ -7,7 +7,9 @@ H100 torch's cuDNN attention is faster (a GPT block: 0.073 ms forward and 0.232 
 against flash's 0.119 and 0.315, ``benchmarks/RESULTS.md``), and it is what torch.compile
 uses there. ``attention_ex`` takes SDPA where cuDNN can run it (bf16/fp16, no dropout, the
 same heads for q, k and v) and leaves every other call to the executors listed after it
-(``sdpa_ex``, thunder's decomposition).
+(``sdpa_ex``, thunder's decomposition). A grouped-query call's K and V, expanded to the
+query's heads by the model, reach the kernels at their own heads
+(``passes/grouped_query_attention.py``); the printed call says so.
 
 A mask (a decode step's: litgpt reads its row of the causal mask for the position) becomes
 an additive bias in the query's dtype, ``where(mask, 0, -inf)`` for a boolean one, as torch
@@ -136,8 +138,26 @@ def _backward(g, q, k, v, out, lse, seed, offset, bias, is_causal: bool, scale: 
     return tuple(_laid_out_like(x, gx) for x, gx in zip((q, k, v), grads))
 
 
-attention_forward = attention_ex.register_operator("fuser_attention_forward", meta=_forward_meta, fn=_forward)
-attention_backward = attention_ex.register_operator("fuser_attention_backward", meta=_backward_meta, fn=_backward)
+def _print_grouped(first_qkv: int):
+    """The call as thunder prints it, and where K and V have fewer heads than the query
+    (``passes/grouped_query_attention.py``), a comment saying so where a user reads the trace."""
+    from thunder.core.symbol import default_python_printer
+
+    def printer(bsym, out_printables, arg_printables, kwarg_printables):
+        line = default_python_printer(bsym, out_printables, arg_printables, kwarg_printables)
+        q, k = bsym.args[first_qkv:first_qkv + 2]
+        if isinstance(q, TensorProxy) and isinstance(k, TensorProxy) and k.shape[1] != q.shape[1]:
+            line += (f"  # grouped-query: K and V read at their {k.shape[1]} heads, each shared by"
+                     f" {q.shape[1] // k.shape[1]} query heads, never expanded (THUNDER_FUSER_GQA)")
+        return line
+
+    return printer
+
+
+attention_forward = attention_ex.register_operator("fuser_attention_forward", meta=_forward_meta, fn=_forward,
+                                                   python_printer=_print_grouped(0))
+attention_backward = attention_ex.register_operator("fuser_attention_backward", meta=_backward_meta, fn=_backward,
+                                                    python_printer=_print_grouped(1))
 
 
 def _bias_shape(q, k) -> tuple:
@@ -221,7 +241,8 @@ def _cudnn_runs(q, k, v, mask_sizes, is_causal: bool) -> bool:
             # the bias as _bias hands it over: the mask's own sizes, broadcast over the rest
             fb = (torch.empty(mask_sizes, dtype=fq.dtype, device=fq.device).expand(_bias_shape(q, k))
                   if mask_sizes is not None else None)
-        extra = [False] if hasattr(SDPAParams, "enable_gqa") else []
+        # grouped-query K/V (fewer heads than q: ``passes/grouped_query_attention.py``) asked as such
+        extra = [k.shape[1] != q.shape[1]] if hasattr(SDPAParams, "enable_gqa") else []
         return bool(can_use_cudnn_attention(SDPAParams(fq, fk, fv, fb, 0.0, is_causal, *extra), False))
     except Exception:  # noqa: BLE001 - a torch without the check: leave attention to the next executor
         return False

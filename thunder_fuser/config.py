@@ -52,6 +52,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("THUNDER_FUSER_RECOMPUTE", "1",
             "make again in the backward a saved tensor that pointwise ops make from values saved anyway "
             "(`passes/recompute_in_backward.py`)", "at each fusion pass"),
+    Setting("THUNDER_FUSER_GQA", "auto",
+            "attention reads grouped-query K and V at their own heads: their expansion to the query's heads is not "
+            "made, and the backward sums their gradients over each group in the kernel "
+            "(`passes/grouped_query_attention.py`): `auto` (on the CPU; on CUDA not yet, until an H100 run has "
+            "checked cuDNN's grouped call), `1` (on CUDA too, where torch's check admits cuDNN), `0` (off)",
+            "at each fusion pass", "choice", ("auto", "1", "0")),
     Setting("THUNDER_FUSER_DONATE", "1",
             "write a pointwise output over an input the region is the last to read", "when a region's plan is built"),
     Setting("THUNDER_FUSER_REGION_GRAPHS", "1",

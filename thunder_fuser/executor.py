@@ -31,6 +31,7 @@ from thunder_fuser.passes.eager_decompositions import eager_decompositions
 from thunder_fuser.passes.eager_decompositions import register as register_eager_rules
 from thunder_fuser.passes.hoist_externs import (contiguous_of_resizes, dissolve_runs, hoist_externs, hoist_reductions,
                                                 hoist_views, join_across_externs)
+from thunder_fuser.passes.grouped_query_attention import grouped_kv_for_attention
 from thunder_fuser.passes.input_aliases import needs_alias_guard, with_alias_guard
 from thunder_fuser.passes.narrow_loss_gradient import narrow_loss_gradients
 from thunder_fuser.passes.recompute_in_backward import recompute_in_backward
@@ -183,7 +184,7 @@ class FuserExecutor(FusionExecutor):
         start = time.perf_counter_ns()
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
-        trace = eager_decompositions(trace)
+        trace = grouped_kv_for_attention(eager_decompositions(trace))
         guarded = needs_alias_guard(trace)
         trace = narrow_loss_gradients(trace)
         if config.flag("THUNDER_FUSER_RECOMPUTE"):

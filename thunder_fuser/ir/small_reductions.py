@@ -12,8 +12,9 @@ elsewhere a row or a column kernel takes them (a norm's weight gradient over 8 r
 in the row kernel of its input gradient).
 
 Sums of 16-bit floats add in fp32 and round once at the end, as a reduction does. Reduced
-dims of extent one reduce nothing and are left out of the rule (at batch 1 the expand's
-backward sums over the batch dim too).
+dims of extent one reduce nothing and are left out of the count (at batch 1 the expand's
+backward sums over the batch dim too); a reduction over such dims alone is a view that
+drops them (``_reduces_nothing``).
 """
 
 from __future__ import annotations
@@ -31,9 +32,25 @@ _COMBINE = {"sum": "add", "amax": "maximum", "amin": "minimum"}
 
 def small_reductions_as_pointwise(region: Region) -> None:
     nodes = []
+    returned = {v.name for v in region.outputs}
     for n in region.nodes:
-        nodes.extend(_unrolled(n) if _is_small(n) else [n])
+        if _reduces_nothing(n) and n.output.name not in returned:
+            nodes.append(Node("reshape", (n.args[0], tuple(n.output.shape)), {}, (n.output,)))
+        else:
+            nodes.extend(_unrolled(n) if _is_small(n) else [n])
     region.nodes = nodes
+
+
+def _reduces_nothing(n: Node) -> bool:
+    """Every reduced dim of extent one: a view that drops them. The unsqueeze's backward
+    (``broadcast_in_dim`` to ``[b, hk, 1, s, d]`` then a sum over the 1), where grouped-query
+    attention hands back K's gradient at its own heads, met the RoPE backward as a reduction
+    with an iteration domain of its own: a second kernel. A region output stays a reduction
+    (torch allocates its result contiguous, whatever the input's strides)."""
+    if n.op not in _COMBINE or not n.output.shape or not n.args[1]:
+        return False
+    x = n.args[0]
+    return all(x.shape[d] == 1 for d in n.args[1]) and n.output.dtype == x.dtype
 
 
 def _is_small(n: Node) -> bool:
