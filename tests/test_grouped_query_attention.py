@@ -182,3 +182,28 @@ def test_on_cuda_the_default_leaves_grouped_keys_expanded_until_a_gpu_run_checks
     module = _Attention(8, 2, 64, "repeat_interleave").to(device="cuda", dtype=torch.bfloat16)
     jm = _step(module, torch.randn(2, 128, 32, device="cuda", dtype=torch.bfloat16))
     assert _attention_heads(thunder.last_traces(jm)[-1]) == [(8, 8)]
+
+
+def test_a_value_sliced_from_a_fused_projection_is_saved_as_its_own_copy_not_as_a_view_of_all():
+    """V at its own heads is a slice of the fused K/V projection; saved for the backward as a
+    view it would hold the whole projection output (litgpt's fused q/k/v: 6 times V in
+    Llama-3.2-1B). The region copies it (one write of V's size, where the expansion wrote g
+    times that), so every saved K/V-shaped tensor owns its storage."""
+    torch.manual_seed(7)
+    module = _Attention(4, 2, 16, "repeat_interleave")
+    x = torch.randn(2, 24, 32)
+    jm = thunder.jit(module, executors=thunder_fuser.executors())
+    jm(x).backward()
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    saved = []
+
+    def pack(t):
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in params:
+            saved.append((tuple(t.shape), t.untyped_storage().nbytes() // t.element_size()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = jm(x)
+    loss.backward()
+    kv = [(shape, held) for shape, held in saved if shape == (2, 2, 24, 16)]
+    assert len(kv) == 2 and all(held == 2 * 2 * 24 * 16 for _, held in kv), saved

@@ -21,7 +21,9 @@ it changes no value) reads those tensors instead. A backward of that call whose 
 gradients go only to the group sum reads them too, and writes the sums' own results; the
 reshape and the sum go. The expansions' other readers, if any, keep them; a backward that
 reads the expanded gradients elsewhere stays as it was (it reads the expanded K/V, still
-made). On CUDA it waits for a GPU run to check cuDNN's grouped call (``THUNDER_FUSER_GQA=1``
+made). K or V at its own heads that is a view of a larger tensor (litgpt's V, a slice of the
+fused q/k/v projection) is copied to a tensor of its own (``_view_of_more``): attention and
+its backward read the copy, and the projection is not held from forward to backward. On CUDA it waits for a GPU run to check cuDNN's grouped call (``THUNDER_FUSER_GQA=1``
 asks for it: then where torch's own check admits cuDNN for that call); ``0`` turns it off.
 The trace says so beside each attention call (``attention._print_grouped``).
 """
@@ -101,6 +103,19 @@ def _group_sum(grad, g: int, consumers, returned):
     return (r, m), m.output
 
 
+_VIEWS = ("reshape", "view", "transpose", "permute", "slice_prim", "squeeze", "split", "chunk", "unbind")
+
+
+def _view_of_more(x, producers) -> bool:
+    """``x`` a view (reshapes, transposes, slices) of a tensor with more elements, which a
+    saved ``x`` would hold to the backward whole: litgpt's V at its own heads is a slice of
+    the fused q/k/v projection, ``(hq + 2 hk) / hk`` times its size (6 in Llama-3.2-1B)."""
+    base, p = x, producers.get(x, None)
+    while p is not None and p.sym.name in _VIEWS and isinstance(p.args[0], TensorProxy):
+        base, p = p.args[0], producers.get(p.args[0], None)
+    return p is not None and base.numel > x.numel
+
+
 def _admitted(q, k, v, bias, is_causal, mode: str) -> bool:
     """Where the kernels run it: always on the CPU; on CUDA, asked for (``mode`` ``1``: no
     GPU has yet checked cuDNN's grouped call against eager's here) and where torch's check
@@ -137,8 +152,15 @@ def grouped_kv_for_attention(trace: TraceCtx) -> TraceCtx:
         (k0, g), (v0, _) = sk, sv
         if not _admitted(q, k0, v0, bias, is_causal, mode):
             continue
+        compact = []  # K or V as a view of more: its own copy, so the projection is not held
+        for i, x in enumerate((k0, v0)):
+            if _view_of_more(x, producers):
+                with tracectx(out):
+                    c = TensorProxy(like=x)
+                compact.append(prims.stride_order.bind(x, tuple(range(x.ndim - 1, -1, -1)), output=c))
+                k0, v0 = (c, v0) if i == 0 else (k0, c)
         y = f.output[0]
-        replace[id(f)] = [f.from_bsym(args=(q, k0, v0, *f.args[3:]))]
+        replace[id(f)] = [*compact, f.from_bsym(args=(q, k0, v0, *f.args[3:]))]
         for bw in consumers.get(y, []):
             if bw.sym.name != BACKWARD or [a.name for a in bw.args[1:5]] != [q.name, k.name, v.name, y.name]:
                 continue
