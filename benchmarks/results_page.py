@@ -203,7 +203,8 @@ _SAVED = (
     "for each model at its real width with one layer and with two: the difference is a layer's, at the tokens shown "
     "(it grows with them). Held from the forward to the backward, these are most of a step's peak beyond the "
     "parameters, gradients and optimizer state. thunder+fuser no-recompute: `THUNDER_FUSER_RECOMPUTE=0` "
-    "(`passes/recompute_in_backward.py` off). Measured on the CPU, where Inductor's C++ code for some models does not "
+    "(`passes/recompute_in_backward.py` off); thunder+fuser no-gqa: `THUNDER_FUSER_GQA=0` (grouped-query K and V "
+    "expanded to every query head before attention, `passes/grouped_query_attention.py` off). Measured on the CPU, where Inductor's C++ code for some models does not "
     "compile (the rows say so); a GPU's attention saves its own statistics.")
 _thunderfx, _saved = (functools.partial(_one_table, *section) for section in (
     ("benchmarks.thunderfx_coverage", "thunderfx-coverage.json",

@@ -218,6 +218,12 @@ def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
             and _cudnn_runs(query, key, value, None if attn_mask is None else _sizes_4d(attn_mask), is_causal))
 
 
+def cudnn_admits(q, k, v, bias, is_causal) -> bool:
+    """Would torch run cuDNN for this call (``bias`` as ``_bias`` makes it, or None)? Asked of
+    a grouped-query call whose K and V keep their own heads (``passes/grouped_query_attention.py``)."""
+    return _cudnn_runs(q, k, v, None if bias is None else _sizes_4d(bias), bool(_known(is_causal)))
+
+
 def _sizes_4d(mask) -> tuple:
     return (1,) * (4 - mask.ndim) + tuple(mask.shape)
 

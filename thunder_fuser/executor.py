@@ -22,6 +22,7 @@ from thunder.core.transform_common import dce
 from thunder.executors.passes import update_fusion_call_ctx
 from thunder.extend import FusionExecutor, register_executor
 
+from thunder_fuser.attention import cudnn_admits
 from thunder_fuser.inspect import debug
 from thunder_fuser.copy_prims import COPY_TO_OUT_ID, copy_to_out_
 from thunder_fuser.passes.communication_schedule import schedule_communication
@@ -184,7 +185,7 @@ class FuserExecutor(FusionExecutor):
         start = time.perf_counter_ns()
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
-        trace = grouped_kv_for_attention(eager_decompositions(trace))
+        trace = grouped_kv_for_attention(eager_decompositions(trace), cudnn_admits)
         guarded = needs_alias_guard(trace)
         trace = narrow_loss_gradients(trace)
         if config.flag("THUNDER_FUSER_RECOMPUTE"):

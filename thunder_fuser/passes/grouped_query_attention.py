@@ -30,6 +30,8 @@ The trace says so beside each attention call (``attention._print_grouped``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from thunder.core import prims, utils
 from thunder.core.proxies import TensorProxy
 from thunder.core.trace import TraceCtx, from_trace, tracectx
@@ -116,22 +118,12 @@ def _view_of_more(x, producers) -> bool:
     return p is not None and base.numel > x.numel
 
 
-def _admitted(q, k, v, bias, is_causal, mode: str) -> bool:
-    """Where the kernels run it: always on the CPU; on CUDA, asked for (``mode`` ``1``: no
-    GPU has yet checked cuDNN's grouped call against eager's here) and where torch's check
-    admits cuDNN."""
-    if q.device.type != "cuda":
-        return True
-    if mode != "1":
-        return False
-    from thunder_fuser.attention import _cudnn_runs, _sizes_4d
-
-    return _cudnn_runs(q, k, v, None if bias is None else _sizes_4d(bias), bool(is_causal))
-
-
-def grouped_kv_for_attention(trace: TraceCtx) -> TraceCtx:
+def grouped_kv_for_attention(trace: TraceCtx, cudnn_admits: Callable) -> TraceCtx:
     """``trace`` with each attention (and its backward) reading grouped-query K and V at
-    their own heads; ``trace`` itself where none does."""
+    their own heads; ``trace`` itself where none does. On CUDA only where asked for
+    (``THUNDER_FUSER_GQA=1``: no GPU has yet checked cuDNN's grouped call against eager's
+    here) and where ``cudnn_admits(q, k, v, bias, is_causal)`` (torch's own check, by the
+    attention executor)."""
     from thunder_fuser import config
 
     bsyms = list(trace.bound_symbols)
@@ -150,7 +142,7 @@ def grouped_kv_for_attention(trace: TraceCtx) -> TraceCtx:
         if sk is None or sv is None or sk[1] != sv[1] or q.shape[1] != k.shape[1]:
             continue
         (k0, g), (v0, _) = sk, sv
-        if not _admitted(q, k0, v0, bias, is_causal, mode):
+        if q.device.type == "cuda" and (mode != "1" or not cudnn_admits(q, k0, v0, bias, is_causal)):
             continue
         compact = []  # K or V as a view of more: its own copy, so the projection is not held
         for i, x in enumerate((k0, v0)):
