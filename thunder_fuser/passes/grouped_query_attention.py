@@ -23,9 +23,10 @@ reshape and the sum go. The expansions' other readers, if any, keep them; a back
 reads the expanded gradients elsewhere stays as it was (it reads the expanded K/V, still
 made). K or V at its own heads that is a view of a larger tensor (litgpt's V, a slice of the
 fused q/k/v projection) is copied to a tensor of its own (``_view_of_more``): attention and
-its backward read the copy, and the projection is not held from forward to backward. On CUDA it waits for a GPU run to check cuDNN's grouped call (``THUNDER_FUSER_GQA=1``
-asks for it: then where torch's own check admits cuDNN for that call); ``0`` turns it off.
-The trace says so beside each attention call (``attention._print_grouped``).
+its backward read the copy, and the projection is not held from forward to backward. On
+CUDA it waits for a GPU run to check cuDNN's grouped call (``THUNDER_FUSER_GQA=1`` asks for
+it: then where torch's own check admits cuDNN for that call); ``0`` turns it off. The trace
+says so beside each attention call (``attention._print_grouped``).
 """
 
 from __future__ import annotations
