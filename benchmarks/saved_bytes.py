@@ -86,7 +86,9 @@ def main(argv=None) -> int:
         return 0
     old = json.load(open(a.out)) if os.path.exists(a.out) else dict(rows=[])
     ran = {(q["model"], q["contender"]) for q in rows}
-    doc["rows"] = [r for r in old["rows"] if (r["model"], r["contender"]) not in ran] + rows
+    merged = [r for r in old["rows"] if (r["model"], r["contender"]) not in ran] + rows
+    first = {m: i for i, m in reversed(list(enumerate(r["model"] for r in merged)))}
+    doc["rows"] = sorted(merged, key=lambda r: first[r["model"]])  # each model's rows together, in first-seen order
     return cli.write_results(a.out, doc, table)
 
 
