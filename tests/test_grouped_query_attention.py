@@ -207,3 +207,43 @@ def test_a_value_sliced_from_a_fused_projection_is_saved_as_its_own_copy_not_as_
     loss.backward()
     kv = [(shape, held) for shape, held in saved if shape == (2, 2, 24, 16)]
     assert len(kv) == 2 and all(held == 2 * 2 * 24 * 16 for _, held in kv), saved
+
+
+@pytest.mark.parametrize("fill", ["nan", "inf", "huge"])
+def test_nan_inf_and_huge_inputs_give_what_the_expanded_call_gives(fill, monkeypatch):
+    """Rule on against rule off (the expanded call), fp32: loss and gradients equal with NaN
+    and inf where the other has them, for a NaN, an inf or a 1e30 in the input."""
+    torch.manual_seed(8)
+    module = _Attention(4, 2, 16, "repeat_interleave")
+    x = torch.randn(2, 24, 32)
+    x[1, 5, 3] = {"nan": float("nan"), "inf": float("inf"), "huge": 1e30}[fill]
+    results = []
+    for setting in ("auto", "0"):
+        monkeypatch.setenv("THUNDER_FUSER_GQA", setting)
+        m, xi = copy.deepcopy(module), x.clone().requires_grad_()
+        loss = thunder.jit(m, executors=thunder_fuser.executors())(xi)
+        loss.backward()
+        results.append([loss.detach(), xi.grad] + [p.grad for p in m.parameters()])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_keys_and_values_that_are_views_of_one_argument_keep_eagers_values_and_the_argument():
+    """K and V sliced from one caller tensor (aliased operands), expanded: values, gradients
+    and the caller's tensor as eager's."""
+    def f(q, kv):
+        k, v = kv[..., :16], kv[..., 16:]
+        k, v = (t.repeat_interleave(2, dim=1) for t in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch.manual_seed(9)
+    q, kv = torch.randn(2, 4, 12, 16), torch.randn(2, 2, 12, 32)
+    before = kv.clone()
+    jf = thunder.jit(f, executors=thunder_fuser.executors())
+    args, eager_args = [[t.clone().requires_grad_() for t in (q, kv)] for _ in range(2)]
+    got, want = jf(*args), f(*eager_args)
+    torch.testing.assert_close(got, want)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(got, args, g), torch.autograd.grad(want, eager_args, g))
+    assert torch.equal(kv, before)
+    assert _attention_heads(thunder.last_traces(jf)[-1]) == [(4, 2)]
